@@ -1,0 +1,5 @@
+"""Built-in compressors; importing this package registers every module in it."""
+
+from grace.plugins import import_submodules
+
+import_submodules(__name__)

@@ -1,0 +1,53 @@
+"""Half-precision casts: fp16 and bf16 (2 bytes per element).
+
+Values beyond the target format's largest finite number are saturated, so a finite gradient
+never becomes Inf; the number of saturated elements is reported as ``saturated``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from grace.compressor import Compressor, Payload, TensorInfo
+from grace.registry import COMPRESSORS
+
+
+class Cast(Compressor):
+    """Cast to a narrower float dtype and back; summable."""
+
+    summable = True
+    fixed_size = True
+    default_communicator = "allreduce"
+    wire_dtype: ClassVar[torch.dtype]
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        flat = tensor.reshape(-1)
+        if flat.dtype != self.wire_dtype:
+            limit = torch.finfo(self.wire_dtype).max
+            if flat.numel() and torch.finfo(flat.dtype).max > limit:
+                lo, hi = torch.aminmax(flat)
+                if bool(hi > limit) or bool(lo < -limit):
+                    over = torch.isfinite(flat) & (flat.abs() > limit)
+                    self.metrics.add("saturated", int(over.sum()))
+                    flat = torch.where(over, flat.sign() * limit, flat)
+            flat = flat.to(self.wire_dtype)
+        return (flat,), TensorInfo.of(tensor)
+
+    def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        return payload[0].to(ctx.dtype).view(ctx.shape)
+
+
+@COMPRESSORS.register("fp16")
+class FP16(Cast):
+    """IEEE half precision (5-bit exponent; saturates at +-65504)."""
+
+    wire_dtype = torch.float16
+
+
+@COMPRESSORS.register("bf16")
+class BF16(Cast):
+    """bfloat16 (float32's exponent range, 8-bit mantissa)."""
+
+    wire_dtype = torch.bfloat16

@@ -1,0 +1,25 @@
+"""No compression: the dense tensor is the payload (the baseline every method is compared to)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grace.compressor import Compressor, Payload, TensorInfo
+from grace.registry import COMPRESSORS
+
+
+@COMPRESSORS.register("none")
+class NoneCompressor(Compressor):
+    """Identity; summable, so it runs on allreduce like plain DDP."""
+
+    summable = True
+    fixed_size = True
+    default_communicator = "allreduce"
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        return (tensor.reshape(-1),), TensorInfo.of(tensor)
+
+    def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        return payload[0].view(ctx.shape)

@@ -1,0 +1,1 @@
+"""Experiments: the Hydra training entry point, models, data sets and loggers."""

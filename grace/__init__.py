@@ -1,0 +1,28 @@
+"""gracecomm: compressed gradient communication for data-parallel PyTorch training.
+
+Three abstractions, composed per tensor (see DESIGN.md):
+
+- `Compressor` turns a tensor into a payload (what goes on the wire) and a local ctx;
+- `Memory` adds error feedback around it;
+- `Communicator` exchanges payloads and returns the mean over ranks, counting the bytes.
+
+    from grace import build, register_comm_hook
+    grace = build({"name": "topk", "ratio": 0.01}, "residual")
+    register_comm_hook(ddp_model, grace)         # or: grace.step(tensor, name)
+"""
+
+from grace.communicator import Communicator
+from grace.compressor import Compressor, Payload, TensorInfo
+from grace.ddp import register_comm_hook
+from grace.memory import Memory
+from grace.metrics import Metrics
+from grace.pipeline import Grace, build
+from grace.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, available, create
+from grace.validation import ConfigError, IncompatibleError, NonFiniteError, PayloadError
+
+__all__ = [
+    "COMMUNICATORS", "COMPRESSORS", "MEMORIES", "Communicator", "Compressor", "ConfigError",
+    "Grace", "IncompatibleError", "Memory", "Metrics", "NonFiniteError", "Payload",
+    "PayloadError", "TensorInfo", "available", "build", "create", "register_comm_hook",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,180 @@
+"""The Communicator abstraction: moves payloads between ranks and returns the mean over ranks.
+
+Communicators are the only place where bytes are counted: ``wire_bytes`` is the sum of
+numel * element_size over the payload tensors this rank contributes, ``sent_bytes`` adds the
+size headers and padding that the collectives really carry. Compressors with collectives of
+their own (PowerSGD's first round, LGC's index broadcast) use the accounted primitives below
+through ``compressor.comm`` so their bytes are counted the same way.
+
+Without an initialised process group a communicator acts as a world of one rank, so the
+pipeline also runs in a single process (tests, benchmarks, notebooks).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from grace.compressor import Compressor, Payload
+from grace.metrics import Metrics
+from grace.validation import IncompatibleError, PayloadError
+from grace.wire import from_bytes, payload_nbytes, to_bytes
+
+Item = tuple[Payload, Any, str]  # (payload, ctx, tensor name)
+
+
+class Communicator(ABC):
+    """Base class of all communicators."""
+
+    registry_name: ClassVar[str] = ""
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self.compressor: Compressor | None = None
+        self.metrics = Metrics()
+
+    @property
+    def label(self) -> str:
+        return f"communicator '{self.registry_name or type(self).__name__}'"
+
+    # -- process group --------------------------------------------------------------------
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group) if self.distributed else 1
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group) if self.distributed else 0
+
+    def global_rank(self, group_rank: int) -> int:
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    # -- set-up ---------------------------------------------------------------------------
+    def check(self, compressor: Compressor) -> None:
+        """Raise `IncompatibleError` if this communicator cannot carry `compressor`'s payloads."""
+        allowed = compressor.communicators
+        if allowed is not None and self.registry_name not in allowed:
+            raise IncompatibleError(
+                f"{compressor.label} runs only with communicator "
+                f"{' or '.join(repr(a) for a in allowed)}, not {self.registry_name!r}; "
+                f"set communicator={allowed[0]}")
+
+    def bind(self, compressor: Compressor, metrics: Metrics) -> None:
+        self.check(compressor)
+        self.compressor = compressor
+        self.metrics = metrics
+
+    # -- the pipeline's entry points -------------------------------------------------------
+    def send_receive(self, payload: Payload, ctx: Any, name: str) -> torch.Tensor:
+        """Send this rank's payload and return the mean over ranks as a dense tensor."""
+        return self.send_receive_many([(payload, ctx, name)])[0]
+
+    @abstractmethod
+    def send_receive_many(self, items: Sequence[Item]) -> list[torch.Tensor]:
+        """Like `send_receive` for several tensors at once, in as few collectives as the
+        method allows (one DDP bucket -> one collective, plus sizes where they vary)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+
+    # -- accounted collectives ------------------------------------------------------------
+    def count(self, wire_bytes: int, sent_bytes: int | None = None) -> None:
+        """Credit this rank with `wire_bytes` of payload (and `sent_bytes` really moved)."""
+        self.metrics.add("wire_bytes", wire_bytes)
+        self.metrics.add("sent_bytes", wire_bytes if sent_bytes is None else sent_bytes)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum `tensor` over ranks in place (counted as payload)."""
+        self.count(payload_nbytes([tensor]))
+        if self.world_size > 1:
+            with self.metrics.timer("comm_s"):
+                dist.all_reduce(tensor, group=self.group)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's `tensor` (same shape on all ranks), in rank order (counted)."""
+        self.count(payload_nbytes([tensor]))
+        if self.world_size == 1:
+            return [tensor]
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        with self.metrics.timer("comm_s"):
+            dist.all_gather(out, tensor.contiguous(), group=self.group)
+        return out
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """Overwrite `tensor` with rank `src`'s copy; the bytes are credited to `src`."""
+        if self.rank == src:
+            self.count(payload_nbytes([tensor]))
+        if self.world_size > 1:
+            with self.metrics.timer("comm_s"):
+                dist.broadcast(tensor, src=self.global_rank(src), group=self.group)
+        return tensor
+
+    def gather_sizes(self, numels: Sequence[int], device: torch.device) -> list[list[int]]:
+        """Exchange the element counts of every rank's payload tensors (one small allgather;
+        skipped when the compressor's payload sizes are fixed)."""
+        if self.world_size == 1 or (self.compressor is not None and self.compressor.fixed_size):
+            return [list(numels)] * self.world_size
+        local = torch.tensor(list(numels), dtype=torch.int64, device=device)
+        self.metrics.add("sent_bytes", local.numel() * 8)
+        out = [torch.empty_like(local) for _ in range(self.world_size)]
+        with self.metrics.timer("comm_s"):
+            dist.all_gather(out, local, group=self.group)
+        sizes = [o.tolist() for o in out]
+        for owner, rank_sizes in enumerate(sizes):
+            if min(rank_sizes, default=0) < 0:
+                raise PayloadError(f"rank {owner} announced a negative payload size: {rank_sizes}")
+        return sizes
+
+    # -- helpers for communicators that move serialised payloads --------------------------
+    @staticmethod
+    def flatten(items: Sequence[Item]) -> list[torch.Tensor]:
+        return [t for payload, _, _ in items for t in payload]
+
+    @staticmethod
+    def rank_payloads(items: Sequence[Item], buf: torch.Tensor, numels: Sequence[int],
+                      owner: int) -> list[Payload]:
+        """Parse one rank's serialised payloads, using the local payloads as templates for
+        dtypes and the number of tensors per payload."""
+        local = Communicator.flatten(items)
+        try:
+            tensors = from_bytes(buf, numels, local)
+        except PayloadError as err:
+            raise PayloadError(f"payload from rank {owner}: {err}") from None
+        out, pos = [], 0
+        for payload, _, _ in items:
+            out.append(tuple(tensors[pos:pos + len(payload)]))
+            pos += len(payload)
+        return out
+
+    def aggregate_items(self, items: Sequence[Item],
+                        per_rank: Sequence[Sequence[Payload]]) -> list[torch.Tensor]:
+        """Decompress and average every item over ranks (rank order, so all ranks agree)."""
+        assert self.compressor is not None, "communicator used before bind()"
+        outs = []
+        with self.metrics.timer("decompress_s"):
+            for i, (_, ctx, name) in enumerate(items):
+                payloads = [rank_items[i] for rank_items in per_rank]
+                try:
+                    outs.append(self.compressor.aggregate(payloads, ctx))
+                except PayloadError as err:
+                    raise PayloadError(f"tensor '{name}': {err}") from None
+        return outs
+
+
+def payload_device(items: Sequence[Item]) -> torch.device:
+    for payload, _, _ in items:
+        for t in payload:
+            return t.device
+    return torch.device("cpu")

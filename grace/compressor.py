@@ -1,0 +1,101 @@
+"""The Compressor abstraction (GRACE, Xu et al. 2021, Sec. 3).
+
+A compressor turns one tensor into a *payload* (a tuple of tensors: exactly what goes on the
+wire) and a *ctx* (local metadata needed to decompress). A receiver decompresses a peer's
+payload with its own ctx, so whatever `decompress` reads from ctx must be identical on every
+rank (shape, dtype, step, shared-seed state).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from grace.metrics import Metrics
+
+if TYPE_CHECKING:
+    from grace.communicator import Communicator
+
+Payload = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Shape and dtype of the tensor a payload came from (the usual ctx)."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> TensorInfo:
+        return cls(tensor.shape, tensor.dtype)
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+
+class Compressor(ABC):
+    """Base class of all compressors.
+
+    Capabilities (class attributes, checked by communicators when the pipeline is built):
+
+    - ``summable``: payloads of all ranks may be summed element-wise before decompressing
+      (and `decompress` is linear), so the allreduce communicator can carry them.
+    - ``fixed_size``: payload tensor sizes depend only on the input's shape, so they are equal
+      on every rank and need not be exchanged before an allgather.
+    - ``default_communicator``, ``default_memory``: what `grace.build` and the Hydra config
+      pick when the user names none (biased methods bring error feedback).
+    - ``communicators``: if set, the only communicators this compressor works with (methods
+      with collectives of their own).
+    """
+
+    summable: ClassVar[bool] = False
+    fixed_size: ClassVar[bool] = False
+    default_communicator: ClassVar[str] = "allgather"
+    default_memory: ClassVar[str] = "none"
+    communicators: ClassVar[tuple[str, ...] | None] = None
+    registry_name: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self.metrics = Metrics()
+        self.comm: Communicator | None = None
+
+    @property
+    def label(self) -> str:
+        return f"compressor '{self.registry_name or type(self).__name__}'"
+
+    def bind(self, comm: Communicator | None, metrics: Metrics) -> None:
+        """Called by the pipeline: share its metrics and give access to accounted collectives."""
+        self.comm = comm
+        self.metrics = metrics
+
+    @abstractmethod
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        """Return (payload, ctx) for `tensor`; `name` keys any per-tensor state."""
+
+    @abstractmethod
+    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        """Rebuild a dense tensor of the original shape and dtype from `payload`."""
+
+    def aggregate(self, payloads: Sequence[Payload], ctx: Any) -> torch.Tensor:
+        """Mean over ranks of the decompressed payloads (in rank order, so every rank
+        computes the same bits). Sparse methods override this with one scatter."""
+        total = self.decompress(payloads[0], ctx).clone()
+        for payload in payloads[1:]:
+            total.add_(self.decompress(payload, ctx))
+        return total.div_(len(payloads))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Hook for schedules that change with the epoch (e.g. DGC's warm-up ratio)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State needed to resume bit-identically (tensors and plain Python values only)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""

@@ -1,0 +1,56 @@
+"""The Memory abstraction: error feedback around a compressor (GRACE, Sec. 3).
+
+``compensate(g, name)`` runs before compression and returns the tensor to compress;
+``update(t, name, compressor, payload, ctx)`` runs after it, with the compensated tensor and
+this rank's own payload, and keeps whatever the next step needs (e.g. the residual
+t - decompress(payload)).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from grace.metrics import Metrics
+
+if TYPE_CHECKING:
+    from grace.compressor import Compressor, Payload
+
+
+class Memory(ABC):
+    """Base class of all memories."""
+
+    registry_name: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self.metrics = Metrics()
+
+    @property
+    def label(self) -> str:
+        return f"memory '{self.registry_name or type(self).__name__}'"
+
+    def bind(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def check(self, compressor: Compressor) -> None:
+        """Raise `IncompatibleError` if this memory cannot work with `compressor`."""
+
+    @abstractmethod
+    def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """Return the tensor to compress (e.g. the gradient plus the residual)."""
+
+    @abstractmethod
+    def update(self, tensor: torch.Tensor, name: str, compressor: Compressor,
+               payload: Payload, ctx: Any) -> None:
+        """Record what was not sent; `tensor` is what `compensate` returned."""
+
+    def set_local_norm(self, norm: float) -> None:
+        """Hook for memories that clip by the norm of all local gradients (DGC)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""

@@ -1,0 +1,103 @@
+"""Sparse (values, indices) payloads, shared by every sparsifier.
+
+A sparse payload is ``(values, indices)``: values in the tensor's dtype, flat indices as
+int32 when the tensor has fewer than 2**31 elements (int64 otherwise). Indices that arrive
+from a peer are range-checked before any scatter.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from grace.compressor import Compressor, Payload, TensorInfo
+from grace.validation import PayloadError, check_ratio, num_kept
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """The narrowest index dtype that addresses `numel` elements."""
+    return torch.int32 if numel < 2**31 else torch.int64
+
+
+def sparsify(flat: torch.Tensor, indices: torch.Tensor) -> Payload:
+    """Payload (values, indices) of the 1-D tensor `flat` at `indices`."""
+    return flat[indices], indices.to(index_dtype(flat.numel()))
+
+
+def check_sparse(values: torch.Tensor, indices: torch.Tensor, info: TensorInfo) -> None:
+    """Raise `PayloadError` unless (values, indices) can be scattered into `info`'s tensor."""
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise PayloadError(f"sparse indices must be int32 or int64, got {indices.dtype}")
+    if values.dim() != 1 or indices.dim() != 1 or values.numel() != indices.numel():
+        raise PayloadError(f"sparse payload has {values.numel()} values and "
+                           f"{indices.numel()} indices; they must be 1-D and equal in number")
+    if values.dtype != info.dtype:
+        raise PayloadError(f"sparse values have dtype {values.dtype}, expected {info.dtype}")
+    if indices.numel():
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= info.numel:
+            raise PayloadError(f"sparse indices span [{lo}, {hi}] but the tensor has "
+                               f"{info.numel} elements")
+
+
+def desparsify(values: torch.Tensor, indices: torch.Tensor, info: TensorInfo) -> torch.Tensor:
+    """Dense tensor with `values` at `indices` and zeros elsewhere."""
+    check_sparse(values, indices, info)
+    out = torch.zeros(info.numel, dtype=info.dtype, device=values.device)
+    out[indices.long()] = values
+    return out.view(info.shape)
+
+
+def sparse_mean(payloads: Sequence[Payload], info: TensorInfo) -> torch.Tensor:
+    """Mean over ranks of sparse payloads, with one scatter-add of all ranks' pairs."""
+    for values, indices in payloads:
+        check_sparse(values, indices, info)
+    values = torch.cat([p[0] for p in payloads])
+    indices = torch.cat([p[1].long() for p in payloads])
+    out = torch.zeros(info.numel, dtype=info.dtype, device=values.device)
+    out.index_add_(0, indices, values)
+    return out.div_(len(payloads)).view(info.shape)
+
+
+class Sparsifier(Compressor):
+    """Base of the compressors that send ``(values, indices)``: Top-k, threshold, DGC,
+    SIDCo and the threshold baselines. Subclasses implement `select`; this class builds the
+    payload, decompresses with one scatter, aggregates all ranks with one scatter-add and
+    records the achieved ``k_hat`` (and target ``k`` where the method has one) per tensor,
+    from which the metrics derive the estimation quality k_hat / k."""
+
+    default_memory = "residual"
+    has_target: ClassVar[bool] = True  # False for methods without a target count (threshold)
+
+    def __init__(self, ratio: float | None) -> None:
+        super().__init__()
+        self.ratio = check_ratio(ratio, self.label) if self.has_target else None
+
+    def target_k(self, numel: int) -> int | None:
+        """k = max(1, floor(ratio * d)), or None for methods without a target count."""
+        return None if self.ratio is None else num_kept(numel, self.ratio)
+
+    @abstractmethod
+    def select(self, flat: torch.Tensor, name: str) -> torch.Tensor:
+        """Flat indices (int32/int64) of the elements of the 1-D, non-empty `flat` to send."""
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        flat = tensor.reshape(-1)
+        if flat.numel():
+            indices = self.select(flat, name)
+        else:
+            indices = torch.empty(0, dtype=torch.int64, device=flat.device)
+        k = self.target_k(flat.numel())
+        if k is not None:
+            self.metrics.add("k", k)
+        self.metrics.add("k_hat", indices.numel())
+        return sparsify(flat, indices), TensorInfo.of(tensor)
+
+    def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        return desparsify(payload[0], payload[1], ctx)
+
+    def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
+        return sparse_mean(payloads, ctx)

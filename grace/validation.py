@@ -1,0 +1,95 @@
+"""Checks shared by every component: options are validated when a component is built,
+tensors when they enter the pipeline. Every error names the option or tensor, the bad value
+and what is allowed."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class ConfigError(ValueError):
+    """A component was configured with a value it cannot work with."""
+
+
+class IncompatibleError(ConfigError):
+    """A compressor was paired with a memory or communicator that cannot carry it."""
+
+
+class PayloadError(ValueError):
+    """A payload (usually from a peer) is malformed: wrong length, dtype or indices."""
+
+
+class NonFiniteError(FloatingPointError):
+    """A tensor holds NaN or Inf where the component cannot handle it."""
+
+
+class MissingDependency(ImportError):
+    """An optional package (torchvision, cupy, numba, ...) needed by the chosen option is not
+    installed; the message says what to install."""
+
+
+def check_ratio(ratio: Any, owner: str, option: str = "ratio") -> float:
+    """`ratio` is the fraction of elements kept; it must lie in (0, 1]."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+        raise ConfigError(f"{owner}: option '{option}' must be a number in (0, 1] "
+                          f"(the fraction of elements kept), got {ratio!r}")
+    if not (0.0 < float(ratio) <= 1.0) or math.isnan(ratio):
+        raise ConfigError(f"{owner}: option '{option}' must be in (0, 1] "
+                          f"(the fraction of elements kept), got {ratio}")
+    return float(ratio)
+
+
+def check_choice(value: Any, allowed: Iterable[Any], owner: str, option: str) -> Any:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ConfigError(f"{owner}: option '{option}' must be one of "
+                          f"{', '.join(map(repr, allowed))}; got {value!r}")
+    return value
+
+
+def check_range(value: Any, owner: str, option: str, low: float | None = None,
+                high: float | None = None, *, integer: bool = False,
+                low_open: bool = False, high_open: bool = False) -> Any:
+    """Check low <= value <= high (or strict where `*_open`), optionally an integer."""
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            integer and not float(value).is_integer()) or (
+            isinstance(value, float) and math.isnan(value)):
+        raise ConfigError(f"{owner}: option '{option}' must be {kind}, got {value!r}")
+    bad_low = low is not None and (value <= low if low_open else value < low)
+    bad_high = high is not None and (value >= high if high_open else value > high)
+    if bad_low or bad_high:
+        lo = "-inf" if low is None else f"{low}"
+        hi = "inf" if high is None else f"{high}"
+        interval = f"{'(' if low_open or low is None else '['}{lo}, {hi}{')' if high_open or high is None else ']'}"
+        raise ConfigError(f"{owner}: option '{option}' must be {kind} in {interval}, got {value}")
+    return int(value) if integer else value
+
+
+def check_tensor(tensor: Any, name: str, *, finite: bool = False) -> None:
+    """A gradient entering the pipeline must be a floating-point tensor; with `finite`,
+    it must hold no NaN or Inf."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor '{name}': expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"tensor '{name}' has dtype {tensor.dtype}; gradients must be one of "
+                        f"{', '.join(str(d) for d in FLOAT_DTYPES)}")
+    if finite and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+        n_nan = int(torch.isnan(tensor).sum())
+        n_inf = int(torch.isinf(tensor).sum())
+        raise NonFiniteError(f"tensor '{name}' holds {n_nan} NaN and {n_inf} Inf values out of "
+                             f"{tensor.numel()}; compressing it would corrupt the aggregate "
+                             "(set check_finite=False to pass such tensors through)")
+
+
+def num_kept(numel: int, ratio: float) -> int:
+    """k = max(1, floor(ratio * d)) for a non-empty tensor, 0 for an empty one."""
+    if numel == 0:
+        return 0
+    return min(numel, max(1, int(math.floor(ratio * numel))))

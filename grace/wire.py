@@ -1,0 +1,162 @@
+"""Wire formats: bit packing and the byte layout of payloads.
+
+Sub-byte formats (bitmaps, n-bit levels, exponents, Bloom filters) are packed into uint8
+tensors here so that the bytes a method is credited with are the bytes of real tensors.
+Bit streams are LSB-first: bit j of the stream lives in byte j // 8 at bit position j % 8,
+and the n-bit integer i occupies stream bits [i*n, (i+1)*n), least significant bit first.
+All functions are vectorised torch code and run on CPU and CUDA tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from grace.validation import PayloadError
+
+_MAX_BITS = 32
+
+
+def packed_nbytes(n: int, bits: int) -> int:
+    """Bytes taken by `n` integers of `bits` bits each."""
+    return (n * bits + 7) // 8
+
+
+def pack_uint(values: torch.Tensor, bits: int, *, check: bool = True) -> torch.Tensor:
+    """Pack non-negative integers below 2**bits into a uint8 tensor of
+    ceil(n * bits / 8) bytes. Values outside the range raise (skip the two extra passes
+    with `check=False` when the caller guarantees the range)."""
+    if not 1 <= bits <= _MAX_BITS:
+        raise ValueError(f"pack_uint: bits must be in [1, {_MAX_BITS}], got {bits}")
+    v = values.reshape(-1)
+    n = v.numel()
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8, device=v.device)
+    if v.dtype == torch.bool:
+        v = v.to(torch.uint8)
+    if v.is_floating_point():
+        raise TypeError(f"pack_uint: expected an integer tensor, got {v.dtype}")
+    if check and (bits < 8 or v.dtype != torch.uint8):
+        lo, hi = int(v.min()), int(v.max())
+        if lo < 0 or hi >= (1 << bits):
+            raise ValueError(f"pack_uint: values must lie in [0, {(1 << bits) - 1}] for "
+                             f"{bits}-bit fields, got range [{lo}, {hi}]")
+    if bits == 8:
+        return v.to(torch.uint8)
+    if 8 % bits == 0:
+        per = 8 // bits
+        pad = (-n) % per
+        v8 = v.to(torch.uint8)
+        if pad:
+            v8 = torch.cat([v8, v8.new_zeros(pad)])
+        shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=v.device)
+        return (v8.view(-1, per) << shifts).sum(dim=1, dtype=torch.uint8)
+    return _pack_generic(v.to(torch.int64), bits, n)
+
+
+def _pack_generic(v: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    # Each value, shifted to its bit offset inside its first byte, spans at most 5 bytes;
+    # contributions to one byte occupy disjoint bits, so adding them is the same as OR-ing.
+    offset = torch.arange(n, dtype=torch.int64, device=v.device) * bits
+    first = offset >> 3
+    shifted = v << (offset & 7)
+    out = torch.zeros(packed_nbytes(n, bits) + 5, dtype=torch.int64, device=v.device)
+    for j in range((bits + 7 + 7) // 8):
+        out.index_add_(0, first + j, (shifted >> (8 * j)) & 0xFF)
+    return out[: packed_nbytes(n, bits)].to(torch.uint8)
+
+
+def unpack_uint(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Inverse of `pack_uint`: return `n` integers (int64) of `bits` bits each."""
+    if not 1 <= bits <= _MAX_BITS:
+        raise ValueError(f"unpack_uint: bits must be in [1, {_MAX_BITS}], got {bits}")
+    if packed.dtype != torch.uint8:
+        raise PayloadError(f"packed data must be uint8, got {packed.dtype}")
+    need = packed_nbytes(n, bits)
+    if packed.numel() != need:
+        raise PayloadError(f"packed data holds {packed.numel()} bytes; {n} fields of "
+                           f"{bits} bits need exactly {need}")
+    p = packed.reshape(-1)
+    if n == 0:
+        return torch.empty(0, dtype=torch.int64, device=p.device)
+    if bits == 8:
+        return p.to(torch.int64)
+    if 8 % bits == 0:
+        per = 8 // bits
+        shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=p.device)
+        fields = (p.view(-1, 1) >> shifts) & ((1 << bits) - 1)
+        return fields.reshape(-1)[:n].to(torch.int64)
+    offset = torch.arange(n, dtype=torch.int64, device=p.device) * bits
+    first = offset >> 3
+    padded = torch.cat([p, p.new_zeros(5)]).to(torch.int64)
+    word = torch.zeros(n, dtype=torch.int64, device=p.device)
+    for j in range((bits + 7 + 7) // 8):
+        word |= padded[first + j] << (8 * j)
+    return (word >> (offset & 7)) & ((1 << bits) - 1)
+
+
+def pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """Pack a bool (or 0/1) tensor into ceil(n / 8) bytes, LSB-first."""
+    flat = bits.reshape(-1)
+    flat = flat if flat.dtype == torch.bool else flat.ne(0)
+    return pack_uint(flat.to(torch.uint8), 1, check=False)
+
+
+def unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of `pack_bits`: a bool tensor of `n` elements."""
+    return unpack_uint(packed, 1, n).bool()
+
+
+def bits_for(count: int) -> int:
+    """Bits needed to write integers in [0, count): max(1, ceil(log2(count)))."""
+    return max(1, (int(count) - 1).bit_length())
+
+
+# ---------------------------------------------------------------------------------------
+# Payload byte layout, used by communicators that move several tensors in one collective.
+# ---------------------------------------------------------------------------------------
+
+def payload_nbytes(payload: Sequence[torch.Tensor]) -> int:
+    """Bytes on the wire of a payload: sum of numel * element_size over its tensors."""
+    return sum(t.numel() * t.element_size() for t in payload)
+
+
+def to_bytes(tensors: Sequence[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
+    """Concatenate the raw bytes of `tensors` into one flat uint8 tensor."""
+    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors
+             if t.numel()]
+    if not parts:
+        return torch.empty(0, dtype=torch.uint8, device=device)
+    return torch.cat(parts)
+
+
+def from_bytes(buf: torch.Tensor, numels: Sequence[int],
+               like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Split `buf` into tensors with the dtypes and trailing dimensions of `like` and the
+    element counts `numels` (the leading dimension may differ from `like`). Raises
+    `PayloadError` if the counts do not fit the buffer exactly."""
+    if len(numels) != len(like):
+        raise PayloadError(f"payload has {len(numels)} tensors, expected {len(like)}")
+    need = 0
+    for count, ref in zip(numels, like):
+        if count < 0:
+            raise PayloadError(f"payload tensor size {count} is negative")
+        trailing = ref.shape[1:].numel() if ref.dim() > 1 else 1
+        if trailing and count % trailing:
+            raise PayloadError(f"payload tensor of {count} elements does not fit trailing "
+                               f"shape {tuple(ref.shape[1:])}")
+        need += count * ref.element_size()
+    if buf.numel() < need:
+        raise PayloadError(f"payload buffer holds {buf.numel()} bytes, its size header "
+                           f"announces {need}: truncated")
+    out, pos = [], 0
+    for count, ref in zip(numels, like):
+        size = count * ref.element_size()
+        chunk = buf[pos:pos + size].clone().view(ref.dtype)
+        shape = (-1, *ref.shape[1:]) if ref.dim() > 1 else (count,) if ref.dim() == 1 else ()
+        if ref.dim() == 0 and count != 1:
+            raise PayloadError(f"payload scalar arrived with {count} elements")
+        out.append(chunk.reshape(shape))
+        pos += size
+    return out

@@ -1,0 +1,43 @@
+"""Residual memory, i.e. error feedback (Seide et al. 2014; Stich et al. 2018; Karimireddy et
+al. 2019): what compression dropped is added back to the next gradient.
+
+    compensate:  t = beta * e + gamma * g      (t = gamma * g on the first call)
+    update:      e = t - decompress(C(t))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grace.compressor import Compressor, Payload
+from grace.memory import Memory
+from grace.registry import MEMORIES
+from grace.validation import check_range
+
+
+@MEMORIES.register("residual")
+class ResidualMemory(Memory):
+    def __init__(self, beta: float = 1.0, gamma: float = 1.0) -> None:
+        super().__init__()
+        self.beta = float(check_range(beta, self.label, "beta", 0.0))
+        self.gamma = float(check_range(gamma, self.label, "gamma", 0.0))
+        self.residuals: dict[str, torch.Tensor] = {}
+
+    def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        residual = self.residuals.get(name)
+        scaled = tensor if self.gamma == 1.0 else self.gamma * tensor
+        if residual is None or residual.shape != tensor.shape:
+            return scaled
+        return torch.add(scaled, residual, alpha=self.beta)
+
+    def update(self, tensor: torch.Tensor, name: str, compressor: Compressor,
+               payload: Payload, ctx: Any) -> None:
+        self.residuals[name] = tensor - compressor.decompress(payload, ctx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"residuals": dict(self.residuals)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.residuals = dict(state["residuals"])

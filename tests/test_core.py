@@ -1,0 +1,197 @@
+"""Single-process tests of the core compressors, memories and the pipeline."""
+
+import math
+
+import pytest
+import torch
+
+import grace
+from grace import registry
+from grace.compressor import TensorInfo
+from grace.rng import SharedStreams, stable_hash
+from grace.sparse import desparsify, sparse_mean
+from grace.validation import ConfigError, NonFiniteError, PayloadError, num_kept
+
+CORE = ["none", "fp16", "bf16", "topk", "randomk", "threshold"]
+
+
+def payload_bytes(grace_obj):
+    return grace_obj.metrics.pop()["wire_bytes"]
+
+
+@pytest.mark.parametrize("name", CORE)
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 5, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_shape_and_dtype_preserved(name, shape, dtype):
+    g = grace.build(name, "none")
+    t = torch.randn(shape).to(dtype)
+    out = g.step(t, "w")
+    assert out.shape == t.shape and out.dtype == t.dtype
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_empty_tensor_passes_through(name):
+    g = grace.build(name)
+    out = g.step(torch.empty(0, 3), "empty")
+    assert out.shape == (0, 3)
+
+
+def test_wire_bytes_are_counted_from_payloads():
+    t = torch.randn(1000)
+    expected = {"none": 4000, "fp16": 2000, "bf16": 2000, "topk": 10 * (4 + 4),
+                "randomk": 10 * 4}
+    for name, nbytes in expected.items():
+        g = grace.build({"name": name, "ratio": 0.01} if name in ("topk", "randomk") else name)
+        g.step(t, "w")
+        stats = g.metrics.pop()
+        assert stats["wire_bytes"] == nbytes, name
+        assert stats["dense_bytes"] == 4000
+        assert stats["ratio"] == pytest.approx(4000 / nbytes)
+
+
+def test_topk_keeps_largest_magnitudes():
+    t = torch.tensor([0.1, -5.0, 0.2, 3.0, -0.3, 0.0])
+    g = grace.build({"name": "topk", "ratio": 0.34}, "none")
+    assert g.step(t, "w").tolist() == [0, -5.0, 0, 3.0, 0, 0]
+    stats = g.metrics.pop()
+    assert stats["k"] == 2 and stats["quality"] == 1.0
+
+
+def test_threshold_selects_by_magnitude_and_may_select_nothing():
+    g = grace.build({"name": "threshold", "threshold": 1.0}, "none")
+    assert g.step(torch.tensor([0.5, -1.0, 2.0]), "w").tolist() == [0, -1.0, 2.0]
+    assert g.metrics.pop()["k_hat"] == 2
+    assert g.step(torch.zeros(4), "w").tolist() == [0.0] * 4
+    assert g.metrics.pop()["wire_bytes"] == 0
+
+
+def test_randomk_shared_seed_and_unbiased_scale():
+    a = registry.create("compressor", "randomk", ratio=0.1, seed=3)
+    b = registry.create("compressor", "randomk", ratio=0.1, seed=3)
+    t = torch.randn(500)
+    (pa,), ca = a.compress(t, "x")
+    (pb,), cb = b.compress(t, "x")
+    assert torch.equal(ca.indices, cb.indices) and torch.equal(pa, pb)
+    (pc,), cc = a.compress(t, "x")  # next call: new indices
+    assert not torch.equal(ca.indices, cc.indices)
+    assert ca.indices.unique().numel() == num_kept(500, 0.1)
+    unbiased = registry.create("compressor", "randomk", ratio=0.1, scale="unbiased")
+    mean = torch.zeros(500)
+    for _ in range(2000):
+        payload, ctx = unbiased.compress(t, "x")
+        mean += unbiased.decompress(payload, ctx)
+    mean /= 2000
+    # each element is kept with probability 0.1 and scaled by 10: sd of the mean = |t| * 3 / sqrt(2000)
+    z = (mean - t) / (t.abs() * 3 / math.sqrt(2000))
+    assert z.abs().max() < 5
+
+
+def test_randomk_large_tensor_uses_randint_path():
+    c = registry.create("compressor", "randomk", ratio=0.001)
+    t = torch.randn(2**24 + 8)
+    (values,), ctx = c.compress(t, "big")
+    assert values.numel() == ctx.indices.numel() <= num_kept(t.numel(), 0.001)
+    assert values.numel() > 0.99 * num_kept(t.numel(), 0.001)
+
+
+def test_residual_memory_error_feedback():
+    g = grace.build({"name": "topk", "ratio": 0.25}, "residual")
+    t1 = torch.tensor([4.0, 1.0, 0.5, 0.25])
+    assert g.step(t1, "w").tolist() == [4.0, 0, 0, 0]
+    assert g.memory.residuals["w"].tolist() == [0, 1.0, 0.5, 0.25]
+    t2 = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    assert g.step(t2, "w").tolist() == [0, 2.0, 0, 0]  # the residual came back
+    state = g.state_dict()
+    h = grace.build({"name": "topk", "ratio": 0.25}, "residual")
+    h.load_state_dict(state)
+    assert torch.equal(h.memory.residuals["w"], g.memory.residuals["w"])
+
+
+def test_residual_beta_gamma():
+    mem = registry.create("memory", "residual", beta=0.5, gamma=2.0)
+    comp = registry.create("compressor", "topk", ratio=0.5)
+    t = torch.tensor([1.0, 3.0])
+    c = mem.compensate(t, "w")
+    assert c.tolist() == [2.0, 6.0]
+    payload, ctx = comp.compress(c, "w")
+    mem.update(c, "w", comp, payload, ctx)
+    assert mem.compensate(t, "w").tolist() == [2.0 + 0.5 * 2.0, 6.0]
+
+
+def test_checkpoint_state_is_weights_only_loadable(tmp_path):
+    g = grace.build({"name": "randomk", "ratio": 0.5})
+    for _ in range(3):
+        g.step(torch.randn(10), "a")
+    torch.save(g.state_dict(), tmp_path / "s.pt")
+    state = torch.load(tmp_path / "s.pt", weights_only=True)
+    h = grace.build({"name": "randomk", "ratio": 0.5})
+    h.load_state_dict(state)
+    t = torch.randn(10)
+    assert torch.equal(g.step(t, "a"), h.step(t, "a"))
+
+
+def test_fp16_saturates_instead_of_overflowing():
+    g = grace.build("fp16")
+    out = g.step(torch.tensor([1e6, -1e6, 1.0]), "w")
+    assert torch.isfinite(out).all() and out[0] == 65504 and out[1] == -65504
+    assert g.metrics.pop()["saturated"] == 2
+
+
+@pytest.mark.parametrize("ratio", [0, -0.1, 1.5, float("nan"), "a", None, True])
+def test_bad_ratio_is_refused(ratio):
+    with pytest.raises(ConfigError, match="ratio"):
+        grace.build({"name": "topk", "ratio": ratio})
+
+
+def test_unknown_names_list_valid_ones():
+    with pytest.raises(registry.UnknownNameError, match="Did you mean 'topk'.*Available: .*randomk"):
+        grace.build("tpok")
+    with pytest.raises(registry.UnknownNameError, match="unknown memory"):
+        grace.build("topk", "residul")
+    with pytest.raises(registry.UnknownNameError, match="unknown communicator"):
+        grace.build("topk", "none", "allgater")
+
+
+def test_incompatible_pairing_is_refused_at_build_time():
+    for name in ("topk", "threshold"):
+        with pytest.raises(grace.IncompatibleError, match="not summable"):
+            grace.build(name, "none", "allreduce")
+    grace.build("randomk", "none", "allreduce")  # summable: fine
+
+
+def test_bad_tensors_raise_clear_errors():
+    g = grace.build("topk")
+    with pytest.raises(TypeError, match="tensor 'ints' has dtype torch.int64"):
+        g.step(torch.arange(4), "ints")
+    with pytest.raises(NonFiniteError, match="tensor 'bad' holds 1 NaN and 1 Inf"):
+        g.step(torch.tensor([1.0, float("nan"), float("inf")]), "bad")
+    unchecked = grace.build("none", check_finite=False)
+    assert unchecked.step(torch.tensor([float("nan")]), "x").isnan().all()
+
+
+def test_sparse_payload_validation():
+    info = TensorInfo(torch.Size([4]), torch.float32)
+    with pytest.raises(PayloadError, match=r"span \[0, 9\]"):
+        desparsify(torch.ones(2), torch.tensor([0, 9], dtype=torch.int32), info)
+    with pytest.raises(PayloadError, match="equal in number"):
+        sparse_mean([(torch.ones(2), torch.tensor([0], dtype=torch.int32))], info)
+    with pytest.raises(PayloadError, match="int32 or int64"):
+        desparsify(torch.ones(1), torch.tensor([0.0]), info)
+
+
+def test_shared_streams_are_stable():
+    assert stable_hash(0, "w", 0) == stable_hash(0, "w", 0) != stable_hash(0, "w", 1)
+    s = SharedStreams(5)
+    first = [s.next_seed("a") for _ in range(3)]
+    s2 = SharedStreams(5)
+    s2.load_state_dict({"seed": 5, "counters": {"a": 1}})
+    assert s2.next_seed("a") == first[1]
+
+
+def test_registry_create_and_available():
+    assert set(CORE) <= set(grace.available("compressor"))
+    assert {"none", "residual"} <= set(grace.available("memory"))
+    assert {"allreduce", "allgather", "broadcast"} <= set(grace.available("communicator"))
+    assert grace.create("compressor", "topk", ratio=0.5).ratio == 0.5
+    with pytest.raises(registry.UnknownNameError, match="unknown registry"):
+        grace.available("codec")

@@ -1,0 +1,81 @@
+"""End-to-end runs of the training entry point (subprocesses, as a user would run them)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def train(tmp_path, *overrides, multirun=False, timeout=240):
+    cmd = [sys.executable, "-m", "experiments.train"]
+    if multirun:
+        cmd += ["-m", f"hydra.sweep.dir={tmp_path}/sweep"]
+    else:
+        cmd += [f"hydra.run.dir={tmp_path}/run"]
+    cmd += ["trainer.progress=false", *overrides]
+    env = {**os.environ, "WANDB_SILENT": "true", "WANDB_MODE": "offline"}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def records(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_default_experiment_end_to_end(tmp_path):
+    proc = train(tmp_path, "trainer.max_steps=30")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "test accuracy" in proc.stdout and "wire bytes / step" in proc.stdout
+    recs = records(tmp_path / "run" / "metrics.jsonl")
+    assert recs[0]["type"] == "config" and recs[0]["config"]["trainer"]["world_size"] == 2
+    steps = [r for r in recs if r["type"] == "step"]
+    assert len(steps) == 30
+    assert all(s["wire_bytes"] == s["dense_bytes"] > 0 for s in steps)  # dense allreduce
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 30 and 0 <= summary["test_acc"] <= 1
+
+
+@pytest.mark.slow
+def test_topk_run_logs_real_wire_bytes(tmp_path):
+    proc = train(tmp_path, "compressor=topk", "compressor.ratio=0.05", "trainer.max_steps=10")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = records(tmp_path / "run" / "metrics.jsonl")
+    assert recs[0]["config"]["communicator"]["_target_"].endswith("Allgather")
+    step = next(r for r in recs if r["type"] == "step")
+    # 8 bytes (fp32 value + int32 index) per kept element, k = max(1, floor(0.05 d)) per tensor
+    sizes = [1 * 16 * 9, 16, 16 * 32 * 9, 32, 512 * 64, 64, 64 * 10, 10]
+    assert step["wire_bytes"] == sum(8 * max(1, int(0.05 * d)) for d in sizes)
+    assert step["dense_bytes"] == 4 * sum(sizes)
+
+
+@pytest.mark.slow
+def test_multirun_sweeps_compressors_and_wandb_offline(tmp_path):
+    proc = train(tmp_path, "compressor=none,randomk", "logger=wandb", "trainer.max_steps=5",
+                 multirun=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted((tmp_path / "sweep").glob("*_*/summary.json"))
+    assert [json.loads(p.read_text())["compressor"] for p in runs] == ["none", "randomk"]
+    assert list((tmp_path / "sweep").glob("*_*/wandb/offline-run-*")), "no offline W&B run"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("compressor.ratio=1.5", "option 'ratio' must be in (0, 1]"),
+    ("trainer.world_size=0", "option 'world_size' must be an integer in [1, inf)"),
+    ("communicator=allreduce", "not summable"),
+])
+def test_bad_config_fails_before_workers_start(tmp_path, override, message):
+    proc = train(tmp_path, "compressor=topk", override, timeout=60)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no worker ever started
+
+
+def test_unknown_compressor_lists_choices(tmp_path):
+    proc = train(tmp_path, "compressor=tpok", timeout=60)
+    assert proc.returncode != 0
+    assert "Could not find 'compressor/tpok'" in proc.stderr and "topk" in proc.stderr
