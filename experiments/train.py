@@ -59,11 +59,42 @@ def validate(cfg: DictConfig) -> None:
         check_range(t.max_steps, "trainer", "max_steps", 1, integer=True)
     check_choice(t.backend, ("auto", "gloo", "nccl"), "trainer", "backend")
     check_choice(t.device, ("auto", "cpu", "cuda"), "trainer", "device")
+    exchange_mode(cfg, build_grace(cfg))
     if t.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("trainer: option 'device' is 'cuda' but no CUDA device is available; "
                           "use trainer.device=cpu or auto")
-    build_grace(cfg)  # compressor options and compressor/memory/communicator pairing
     instantiate(cfg.model, allow_any_target=bool(cfg.get("allow_any_target", False)))
+
+
+def exchange_mode(cfg: DictConfig, grace: Grace) -> str:
+    """``hook``: a DDP comm hook exchanges each gradient bucket during backward; ``step``:
+    all gradients are exchanged in one `step_many` after backward (needed by model-level
+    methods such as LGC, and the pattern for custom loops)."""
+    mode = check_choice(cfg.trainer.get("exchange", "auto"), ("auto", "hook", "step"),
+                        "trainer", "exchange")
+    if mode == "auto":
+        return "step" if grace.compressor.model_level else "hook"
+    if mode == "hook" and grace.compressor.model_level:
+        raise ConfigError(f"trainer: option 'exchange' is 'hook' but {grace.compressor.label} "
+                          "needs all gradients at once; use trainer.exchange=step or auto")
+    return mode
+
+
+def broadcast_state(model: nn.Module, parameters: bool = True) -> None:
+    """Copy rank 0's parameters (and buffers) to every rank, as DDP does at construction."""
+    if not dist.is_initialized():
+        return
+    tensors = list(model.buffers()) + (list(model.parameters()) if parameters else [])
+    for tensor in tensors:
+        dist.broadcast(tensor.data, src=0)
+
+
+def exchange_gradients(model: nn.Module, grace: Grace) -> None:
+    """Replace every gradient by the mean over ranks, through `grace` in one call."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    grads = [(n, p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in params]
+    for (_, p), mean in zip(params, grace.step_many(grads)):
+        p.grad = mean
 
 
 def _device(cfg: DictConfig, rank: int) -> torch.device:
@@ -113,14 +144,20 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     torch.manual_seed(cfg.seed)
     data = instantiate(cfg.data, allow_any_target=allow)
     model = instantiate(cfg.model, allow_any_target=allow).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     grace = build_grace(cfg)
-    register_comm_hook(ddp, grace)
     t = cfg.trainer
+    per_bucket = exchange_mode(cfg, grace) == "hook"
+    if per_bucket:
+        net: nn.Module = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+        register_comm_hook(net, grace)
+    else:
+        net = model
+        broadcast_state(model)
     sampler = DistributedSampler(data.train, num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=cfg.seed)
     loader = DataLoader(data.train, batch_size=t.batch_size, sampler=sampler, drop_last=False)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=t.lr, momentum=t.momentum,
+    optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
                                 weight_decay=t.weight_decay)
     total_steps = t.epochs * len(loader)
     if t.max_steps is not None:
@@ -148,8 +185,10 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
             start = time.perf_counter()
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(ddp(x), y)
+            loss = nn.functional.cross_entropy(net(x), y)
             loss.backward()
+            if not per_bucket:
+                exchange_gradients(model, grace)
             optimizer.step()
             loss_value = loss.item()
             stats = grace.metrics.pop()
@@ -164,7 +203,9 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                 progress.set_postfix(loss=f"{loss_value:.3f}", ratio=f"{stats.get('ratio', 1):.1f}x")
                 progress.update(1)
         if (epoch + 1) % t.eval_every == 0 or epoch == t.epochs - 1 or step >= total_steps:
-            evals = evaluate(ddp.module, data.test, rank, world_size, device, t.batch_size)
+            if not per_bucket:
+                broadcast_state(model, parameters=False)
+            evals = evaluate(model, data.test, rank, world_size, device, t.batch_size)
             if logger is not None:
                 logger.log({"type": "eval", "step": step, "epoch": epoch, **evals})
     if progress is not None:

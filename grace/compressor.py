@@ -52,6 +52,9 @@ class Compressor(ABC):
       pick when the user names none (biased methods bring error feedback).
     - ``communicators``: if set, the only communicators this compressor works with (methods
       with collectives of their own).
+    - ``model_level``: the method needs every gradient of the model in one `step_many` call
+      (e.g. LGC concatenates all layers), so trainers exchange after backward instead of
+      per DDP bucket.
     """
 
     summable: ClassVar[bool] = False
@@ -59,6 +62,7 @@ class Compressor(ABC):
     default_communicator: ClassVar[str] = "allgather"
     default_memory: ClassVar[str] = "none"
     communicators: ClassVar[tuple[str, ...] | None] = None
+    model_level: ClassVar[bool] = False
     registry_name: ClassVar[str] = ""
 
     def __init__(self) -> None:

@@ -79,3 +79,15 @@ def test_unknown_compressor_lists_choices(tmp_path):
     proc = train(tmp_path, "compressor=tpok", timeout=60)
     assert proc.returncode != 0
     assert "Could not find 'compressor/tpok'" in proc.stderr and "topk" in proc.stderr
+
+
+@pytest.mark.slow
+def test_step_exchange_matches_ddp_hook(tmp_path):
+    losses = {}
+    for mode in ("hook", "step"):
+        proc = train(tmp_path / mode, "compressor=topk", f"trainer.exchange={mode}",
+                     "trainer.max_steps=15")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        recs = records(tmp_path / mode / "run" / "metrics.jsonl")
+        losses[mode] = [r["loss"] for r in recs if r["type"] == "step"]
+    assert losses["hook"] == pytest.approx(losses["step"], rel=1e-5)
