@@ -43,3 +43,73 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+class _BasicBlock(nn.Module):
+    """ResNet basic block with the parameter-free shortcut ("option A": stride-2 subsampling
+    and zero-padded channels) of He et al. 2016, Sec. 4.2."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.pad = planes - in_planes
+        self.stride = stride
+
+    def shortcut(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride == 1 and self.pad == 0:
+            return x
+        x = x[:, :, ::self.stride, ::self.stride]
+        return nn.functional.pad(x, (0, 0, 0, 0, self.pad // 2, self.pad - self.pad // 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet20(nn.Module):
+    """The CIFAR ResNet-20 of He et al. 2016 (Sec. 4.2: 6n+2 layers with n = 3, widths
+    16/32/64), used throughout the compression papers: 269,722 parameters for 10 classes
+    and 3 input channels; its 64->64 3x3 convolutions hold 36,864 weights each."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, blocks: int = 3) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        layers: list[nn.Module] = []
+        in_planes = 16
+        for planes, stride in ((16, 1), (32, 2), (64, 2)):
+            for i in range(blocks):
+                layers.append(_BasicBlock(in_planes, planes, stride if i == 0 else 1))
+                in_planes = planes
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(64, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.layers(torch.relu(self.bn1(self.conv1(x))))
+        return self.fc(out.mean(dim=(2, 3)))
+
+
+class ReferenceCNN(nn.Module):
+    """The LGC specification's reference network (spec Sec. 11): 3x3 convolutions 3->32 and
+    32->64, max-pool, 3x3 convolutions 64->128 and 128->128, global average pooling and a
+    128->10 linear layer; 242,122 parameters, 896 in the first layer."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(128, 128, 3, padding=1), nn.ReLU(),
+        )
+        self.fc = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean(dim=(2, 3)))

@@ -1,0 +1,31 @@
+"""Micro-benchmarks: ``python -m experiments.bench [suite=NAME] [overrides]``.
+
+A suite is a function that takes the Hydra config and returns a list of flat records; the
+entry point writes them to ``bench.json`` in the run directory and prints a table. Every
+time is the best of ``repeats`` runs, and every suite reports its times next to reference
+operations timed in the same run (one read of the tensor, ``t.sum()``, and ``torch.topk``),
+so the printed ratios survive a busy machine better than absolute times.
+
+Suites live in this package, one module each, registered with `@suite("name")`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from omegaconf import DictConfig
+
+Record = dict[str, Any]
+SuiteFn = Callable[[DictConfig], list[Record]]
+SUITES: dict[str, SuiteFn] = {}
+
+
+def suite(name: str) -> Callable[[SuiteFn], SuiteFn]:
+    """Register a benchmark suite under `name`."""
+
+    def decorator(fn: SuiteFn) -> SuiteFn:
+        SUITES[name] = fn
+        return fn
+
+    return decorator

@@ -1,0 +1,31 @@
+"""Entry point of the micro-benchmarks (see `experiments.bench`)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from experiments.bench import SUITES
+from experiments.bench.table import format_table
+from grace.plugins import import_submodules
+from grace.validation import check_choice
+
+
+@hydra.main(version_base="1.3", config_path="../../configs", config_name="bench")
+def main(cfg: DictConfig) -> None:
+    import_submodules("experiments.bench")
+    check_choice(cfg.suite, sorted(SUITES), "bench", "suite")
+    records = SUITES[cfg.suite](cfg)
+    out = os.path.join(HydraConfig.get().runtime.output_dir, "bench.json")
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(records, f, indent=1, default=float)
+    print(format_table(records, cfg.get("columns")))
+    print(f"\n{len(records)} records written to {out}")
+
+
+if __name__ == "__main__":
+    main()
