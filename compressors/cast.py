@@ -12,6 +12,7 @@ import torch
 
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
+from grace.validation import expect_payload
 
 
 class Cast(Compressor):
@@ -29,13 +30,17 @@ class Cast(Compressor):
             if flat.numel() and torch.finfo(flat.dtype).max > limit:
                 lo, hi = torch.aminmax(flat)
                 if bool(hi > limit) or bool(lo < -limit):
-                    over = torch.isfinite(flat) & (flat.abs() > limit)
+                    # saturate in float32: the limit itself may not be representable in the
+                    # input dtype (65504 rounds to 65536 in bfloat16)
+                    wide = flat.float() if flat.dtype.itemsize < 4 else flat
+                    over = torch.isfinite(wide) & (wide.abs() > limit)
                     self.metrics.add("saturated", int(over.sum()))
-                    flat = torch.where(over, flat.sign() * limit, flat)
+                    flat = torch.where(over, wide.sign() * limit, wide)
             flat = flat.to(self.wire_dtype)
         return (flat,), TensorInfo.of(tensor)
 
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        expect_payload(payload[0], ctx.numel, self.wire_dtype, f"{self.registry_name} payload")
         return payload[0].to(ctx.dtype).view(ctx.shape)
 
 

@@ -8,6 +8,7 @@ import torch
 
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
+from grace.validation import expect_payload
 
 
 @COMPRESSORS.register("none")
@@ -22,4 +23,5 @@ class NoneCompressor(Compressor):
         return (tensor.reshape(-1),), TensorInfo.of(tensor)
 
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        expect_payload(payload[0], ctx.numel, ctx.dtype, "dense payload")
         return payload[0].view(ctx.shape)

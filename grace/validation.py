@@ -88,6 +88,14 @@ def check_tensor(tensor: Any, name: str, *, finite: bool = False) -> None:
                              "(set check_finite=False to pass such tensors through)")
 
 
+def expect_payload(tensor: torch.Tensor, numel: int, dtype: torch.dtype, what: str) -> None:
+    """Raise `PayloadError` unless a received payload tensor has `numel` elements of `dtype`."""
+    if tensor.dtype != dtype:
+        raise PayloadError(f"{what} has dtype {tensor.dtype}, expected {dtype}")
+    if tensor.numel() != numel:
+        raise PayloadError(f"{what} holds {tensor.numel()} elements, expected {numel}")
+
+
 def num_kept(numel: int, ratio: float) -> int:
     """k = max(1, floor(ratio * d)) for a non-empty tensor, 0 for an empty one."""
     if numel == 0:
