@@ -18,6 +18,21 @@ def rank_nbytes(sizes: Sequence[Sequence[int]], local: Sequence[torch.Tensor]) -
     return [sum(n * t.element_size() for n, t in zip(rank_sizes, local)) for rank_sizes in sizes]
 
 
+def padded_payloads(comm: Communicator, local: Sequence[torch.Tensor], device: torch.device
+                    ) -> tuple[torch.Tensor, list[list[int]], list[int]]:
+    """Exchange payload sizes, then serialise this rank's payload tensors into one uint8
+    buffer padded to the largest rank's size (at least one byte, so an all-empty step never
+    issues a zero-size collective), counted as payload plus padding. Returns the buffer,
+    every rank's sizes and every rank's byte count."""
+    sizes = comm.gather_sizes([t.numel() for t in local], device)
+    nbytes = rank_nbytes(sizes, local)
+    width = max(1, max(nbytes))
+    buf = torch.zeros(width, dtype=torch.uint8, device=device)
+    buf[: nbytes[comm.rank]] = to_bytes(local, device)
+    comm.count(payload_nbytes(local), width)
+    return buf, sizes, nbytes
+
+
 @COMMUNICATORS.register("allgather")
 class Allgather(Communicator):
     """Two collectives per call: the sizes (skipped for fixed-size payloads) and one
@@ -30,15 +45,9 @@ class Allgather(Communicator):
         if self.world_size == 1:
             self.count(payload_nbytes(local))
             return self.aggregate_items(items, [own])
-        device = payload_device(items)
-        sizes = self.gather_sizes([t.numel() for t in local], device)
-        nbytes = rank_nbytes(sizes, local)
-        width = max(1, max(nbytes))
-        buf = torch.zeros(width, dtype=torch.uint8, device=device)
-        buf[: nbytes[self.rank]] = to_bytes(local, device)
-        self.count(payload_nbytes(local), width)
+        buf, sizes, nbytes = padded_payloads(self, local, payload_device(items))
         gathered = [torch.empty_like(buf) for _ in range(self.world_size)]
-        with self.metrics.timer("comm_s"):
+        with self.collective("allgather", self.world_size * buf.numel()):
             dist.all_gather(gathered, buf, group=self.group)
         per_rank = [own if r == self.rank else
                     self.rank_payloads(items, gathered[r][: nbytes[r]], sizes[r], r)

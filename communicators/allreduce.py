@@ -40,7 +40,7 @@ class Allreduce(Communicator):
             for dtype in dict.fromkeys(t.dtype for t in local):
                 where = [i for i, t in enumerate(local) if t.dtype == dtype]
                 flat = torch.cat([local[i].reshape(-1) for i in where])
-                with self.metrics.timer("comm_s"):
+                with self.collective("allreduce", payload_nbytes([flat])):
                     dist.all_reduce(flat, group=self.group)
                 for i, part in zip(where, flat.split([local[i].numel() for i in where])):
                     summed[i] = part.view(local[i].shape)

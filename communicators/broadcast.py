@@ -35,7 +35,7 @@ class Broadcast(Communicator):
             else:
                 buf = torch.empty(nbytes[r], dtype=torch.uint8, device=device)
             if nbytes[r]:
-                with self.metrics.timer("comm_s"):
+                with self.collective("broadcast", nbytes[r]):
                     dist.broadcast(buf, src=self.global_rank(r), group=self.group)
             per_rank.append(own if r == self.rank else
                             self.rank_payloads(items, buf, sizes[r], r))

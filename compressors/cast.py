@@ -39,6 +39,9 @@ class Cast(Compressor):
             flat = flat.to(self.wire_dtype)
         return (flat,), TensorInfo.of(tensor)
 
+    def transmitted(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        return torch.ones(ctx.numel, dtype=torch.bool, device=payload[0].device)
+
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
         expect_payload(payload[0], ctx.numel, self.wire_dtype, f"{self.registry_name} payload")
         return payload[0].to(ctx.dtype).view(ctx.shape)

@@ -22,6 +22,9 @@ class NoneCompressor(Compressor):
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         return (tensor.reshape(-1),), TensorInfo.of(tensor)
 
+    def transmitted(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        return torch.ones(ctx.numel, dtype=torch.bool, device=payload[0].device)
+
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
         expect_payload(payload[0], ctx.numel, ctx.dtype, "dense payload")
         return payload[0].view(ctx.shape)

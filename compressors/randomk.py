@@ -12,7 +12,7 @@ import torch
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams
-from grace.sparse import desparsify
+from grace.sparse import desparsify, index_mask
 from grace.validation import check_choice, check_ratio, num_kept
 
 _RANDPERM_LIMIT = 2**24
@@ -59,6 +59,9 @@ class RandomK(Compressor):
         if self.scale == "unbiased" and idx.numel():
             values = values * (flat.numel() / idx.numel())
         return (values,), RandomKCtx(TensorInfo.of(tensor), idx)
+
+    def transmitted(self, payload: Payload, ctx: RandomKCtx) -> torch.Tensor:
+        return index_mask(ctx.indices, ctx.info.numel)
 
     def decompress(self, payload: Payload, ctx: RandomKCtx) -> torch.Tensor:
         return desparsify(payload[0], ctx.indices, ctx.info)

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from grace.validation import ConfigError, MissingDependency
+
 
 class JsonlLogger:
     """Append-only JSONL log (rank 0 only)."""
@@ -42,6 +44,30 @@ def _wandb_key_available() -> bool:
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def import_wandb() -> Any:
+    """The wandb module, or `MissingDependency` with the install command."""
+    try:
+        import wandb
+    except ImportError as err:
+        raise MissingDependency("logger=wandb needs the wandb package: pip install "
+                                "'gracecomm[wandb]'") from err
+    return wandb
+
+
+def wandb_mode(mode: str) -> str:
+    """W&B's mode for ``mode``: ``auto`` is online when an API key is available
+    (WANDB_API_KEY or ``wandb login``), offline otherwise."""
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"logger 'wandb': option 'mode' must be one of "
+                          f"{', '.join(WANDB_MODES)}; got {mode!r}")
+    if mode == "auto":
+        return "online" if _wandb_key_available() else "offline"
+    return mode
+
+
 class WandbLogger(JsonlLogger):
     """JSONL plus Weights & Biases. ``mode: auto`` logs online when an API key is available
     (WANDB_API_KEY or ``wandb login``) and offline otherwise (sync later with
@@ -51,20 +77,11 @@ class WandbLogger(JsonlLogger):
                  project: str = "gracecomm", entity: str | None = None, mode: str = "auto",
                  name: str | None = None, tags: list[str] | None = None) -> None:
         super().__init__(run_dir, run_config, group)
-        try:
-            import wandb
-        except ImportError as err:
-            raise ImportError("logger=wandb needs the wandb package: pip install "
-                              "'gracecomm[wandb]'") from err
-        if mode not in ("auto", "online", "offline", "disabled"):
-            raise ValueError(f"logger 'wandb': option 'mode' must be one of auto, online, "
-                             f"offline, disabled; got {mode!r}")
-        if mode == "auto":
-            mode = "online" if _wandb_key_available() else "offline"
+        wandb = import_wandb()
         self.wandb = wandb
         self.run = wandb.init(project=project, entity=entity, group=group, name=name,
                               tags=list(tags or []), config=run_config, dir=str(self.run_dir),
-                              mode=mode, reinit="finish_previous")
+                              mode=wandb_mode(mode), reinit="finish_previous")
 
     def log(self, record: dict[str, Any]) -> None:
         super().log(record)

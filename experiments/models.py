@@ -1,15 +1,23 @@
 """Models used by the experiments. Each is built from `configs/model/*.yaml` through Hydra's
-``_target_``; sizes come from the data set's config (channels, classes)."""
+``_target_``; sizes come from the data set's config (channels, classes, users and items,
+vocabulary). Each class names the `task` (see `experiments.tasks`) whose batches it takes,
+so a model paired with the wrong data set is refused before any worker starts."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
+
+from grace.validation import ConfigError
 
 
 class SmallCNN(nn.Module):
     """The default model: two 3x3 convolutions, max-pooling and two linear layers
     (about 38k parameters on 8x8 digits)."""
+
+    task: ClassVar[str] = "classification"
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 8,
                  width: int = 16, hidden: int = 64) -> None:
@@ -29,6 +37,8 @@ class SmallCNN(nn.Module):
 
 class MLP(nn.Module):
     """A multi-layer perceptron on flattened inputs."""
+
+    task: ClassVar[str] = "classification"
 
     def __init__(self, in_features: int = 64, num_classes: int = 10,
                  hidden: tuple[int, ...] | list[int] = (128,)) -> None:
@@ -74,6 +84,8 @@ class ResNet20(nn.Module):
     16/32/64), used throughout the compression papers: 269,722 parameters for 10 classes
     and 3 input channels; its 64->64 3x3 convolutions hold 36,864 weights each."""
 
+    task: ClassVar[str] = "classification"
+
     def __init__(self, num_classes: int = 10, in_channels: int = 3, blocks: int = 3) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
@@ -100,6 +112,8 @@ class ReferenceCNN(nn.Module):
     32->64, max-pool, 3x3 convolutions 64->128 and 128->128, global average pooling and a
     128->10 linear layer; 242,122 parameters, 896 in the first layer."""
 
+    task: ClassVar[str] = "classification"
+
     def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
         super().__init__()
         self.features = nn.Sequential(
@@ -113,3 +127,68 @@ class ReferenceCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.features(x).mean(dim=(2, 3)))
+
+
+class NCF(nn.Module):
+    """Neural collaborative filtering, the NeuMF model of He et al. 2017 (Sec. 3.4): a GMF
+    branch (element-wise product of `factors`-dimensional user and item embeddings) and an
+    MLP branch (concatenated embeddings of size layers[0]/2 each through `layers`), fused by
+    one linear layer into the logit of "user interacts with item".
+
+    Input: (..., 2) int64 (user, item) pairs; output: (...) logits. The embedding tables get
+    dense gradients (DDP needs them) whose rows are zero for users and items outside the
+    batch: the inherently sparse gradients of the DeepReduce paper's NCF experiment."""
+
+    task: ClassVar[str] = "recommendation"
+
+    def __init__(self, num_users: int, num_items: int, factors: int = 8,
+                 layers: tuple[int, ...] | list[int] = (64, 32, 16, 8)) -> None:
+        super().__init__()
+        if len(layers) < 1 or layers[0] % 2:
+            raise ConfigError(f"model 'ncf': option 'layers' must start with an even width "
+                             f"(split between user and item embeddings), got {list(layers)}")
+        self.user_gmf = nn.Embedding(num_users, factors)
+        self.item_gmf = nn.Embedding(num_items, factors)
+        self.user_mlp = nn.Embedding(num_users, layers[0] // 2)
+        self.item_mlp = nn.Embedding(num_items, layers[0] // 2)
+        tower: list[nn.Module] = []
+        for width, out in zip(layers[:-1], layers[1:]):
+            tower += [nn.Linear(width, out), nn.ReLU()]
+        self.mlp = nn.Sequential(*tower)
+        self.predict = nn.Linear(factors + layers[-1], 1)
+        for emb in (self.user_gmf, self.item_gmf, self.user_mlp, self.item_mlp):
+            nn.init.normal_(emb.weight, std=0.01)  # as in the authors' code
+
+    def forward(self, pairs: torch.Tensor) -> torch.Tensor:
+        users, items = pairs[..., 0], pairs[..., 1]
+        gmf = self.user_gmf(users) * self.item_gmf(items)
+        mlp = self.mlp(torch.cat([self.user_mlp(users), self.item_mlp(items)], dim=-1))
+        return self.predict(torch.cat([gmf, mlp], dim=-1)).squeeze(-1)
+
+
+class LSTMLanguageModel(nn.Module):
+    """Word-level LSTM language model (Zaremba et al. 2014, "small" configuration scaled
+    down): embedding, `layers` LSTM layers with dropout between them, and a linear decoder
+    whose weight is tied to the embedding when `tie_weights` (Press and Wolf 2017; needs
+    embedding == hidden). Input: (batch, time) token ids; output: (batch, time, vocab)
+    logits. Each batch starts from a zero state (examples are independent windows)."""
+
+    task: ClassVar[str] = "language_modelling"
+
+    def __init__(self, vocab_size: int, embedding: int = 128, hidden: int = 128,
+                 layers: int = 1, dropout: float = 0.1, tie_weights: bool = True) -> None:
+        super().__init__()
+        if tie_weights and embedding != hidden:
+            raise ConfigError(f"model 'lstm': option 'tie_weights' needs embedding == hidden, "
+                             f"got embedding={embedding}, hidden={hidden}")
+        self.embed = nn.Embedding(vocab_size, embedding)
+        self.drop = nn.Dropout(dropout)
+        self.lstm = nn.LSTM(embedding, hidden, layers, batch_first=True,
+                            dropout=dropout if layers > 1 else 0.0)
+        self.decoder = nn.Linear(hidden, vocab_size)
+        if tie_weights:
+            self.decoder.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.drop(self.embed(tokens)))
+        return self.decoder(self.drop(out))

@@ -12,9 +12,12 @@ Without launcher variables the command spawns `trainer.world_size` local workers
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import resource
 import time
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -22,18 +25,26 @@ import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
-from grace import Grace, register_comm_hook
+from experiments import checkpoint
+from experiments.tasks import Task, make_task
+from grace import Compressor, Grace, Memory, register_comm_hook
 from grace.config import instantiate
-from grace.launch import finish_process_group, init_process_group, launched_externally, spawn
+from grace.consistency import describe, verify_same_on_all_ranks
+from grace.launch import (exit_now, finish_process_group, init_process_group,
+                          launched_externally, spawn)
+from grace.network import COLLECTIVE_KEYS, Network, networks, overhead_time, project
+from grace.rng import stable_hash
 from grace.validation import ConfigError, check_choice, check_range
 
 SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "compress_s", "decompress_s",
-               "memory_s", "comm_s", "step_s")
+               "memory_s", "comm_s", "step_s", "exchanges", *COLLECTIVE_KEYS)
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 def build_grace(cfg: DictConfig) -> Grace:
@@ -47,6 +58,7 @@ def build_grace(cfg: DictConfig) -> Grace:
 
 def validate(cfg: DictConfig) -> None:
     """Fail before any worker starts: option ranges, names and pairings."""
+    check_scale(cfg)
     t = cfg.trainer
     check_range(t.world_size, "trainer", "world_size", 1, integer=True)
     check_range(t.epochs, "trainer", "epochs", 1, integer=True)
@@ -59,11 +71,60 @@ def validate(cfg: DictConfig) -> None:
         check_range(t.max_steps, "trainer", "max_steps", 1, integer=True)
     check_choice(t.backend, ("auto", "gloo", "nccl"), "trainer", "backend")
     check_choice(t.device, ("auto", "cpu", "cuda"), "trainer", "device")
+    optimizer_name(cfg)
     exchange_mode(cfg, build_grace(cfg))
     if t.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("trainer: option 'device' is 'cuda' but no CUDA device is available; "
                           "use trainer.device=cpu or auto")
-    instantiate(cfg.model, allow_any_target=bool(cfg.get("allow_any_target", False)))
+    configured_networks(cfg)
+    check_model_fits_data(cfg)
+    check_range(t.checkpoint_every, "trainer", "checkpoint_every", 0, integer=True)
+    if t.resume and checkpoint.latest(t.resume) is None:
+        raise ConfigError(f"trainer: option 'resume' is {t.resume!r}, which holds no "
+                          f"checkpoint ({checkpoint.path_for(t.resume, 0).name} is missing)")
+
+
+def check_scale(cfg: DictConfig) -> None:
+    """An experiment's ``scale`` must name one of its presets (``small``, ``paper``, ...)."""
+    exp = cfg.get("experiment")
+    if exp is not None and "scale" in exp:
+        presets = [k for k, v in exp.items() if isinstance(v, DictConfig)]
+        check_choice(exp.scale, presets, f"experiment '{exp.get('name', '?')}'", "scale")
+
+
+def configured_networks(cfg: DictConfig) -> list[Network]:
+    """The networks of ``network.bandwidth_gbps`` x ``network.latency_us`` (grace.network)."""
+    return networks(cfg.network.bandwidth_gbps, cfg.network.latency_us)
+
+
+def check_model_fits_data(cfg: DictConfig) -> None:
+    """Refuse, before any worker starts, a model whose options disagree with the data set's
+    options of the same name (``num_classes``, ``vocab_size``, ``num_users``, ...), whose
+    task differs from the data set's, or that cannot take one of its training examples."""
+    what = f"model '{cfg.model._target_}' with data '{cfg.data._target_}'"
+    for key in sorted(set(cfg.model) & set(cfg.data) - {"_target_", "seed"}):
+        if cfg.model[key] != cfg.data[key]:
+            raise ConfigError(f"{what}: option 'model.{key}' is {cfg.model[key]} but "
+                              f"'data.{key}' is {cfg.data[key]}; they must be equal")
+    allow = bool(cfg.get("allow_any_target", False))
+    data = instantiate(cfg.data, allow_any_target=allow)
+    model = instantiate(cfg.model, allow_any_target=allow)
+    task = make_task(data.task, data.task_options)
+    model_task = getattr(model, "task", task.name)
+    if model_task != task.name:
+        fitting = [p.stem for p in sorted((CONFIG_DIR / "model").glob("*.yaml"))
+                   if getattr(get_class(OmegaConf.load(p)._target_), "task", None) == task.name]
+        raise ConfigError(f"{what}: the model takes {model_task} batches but the data set is "
+                          f"for {task.name}; models for {task.name}: {', '.join(fitting)}")
+    x, y = default_collate([data.train[0]])
+    model.eval()
+    try:
+        with torch.no_grad():
+            task.loss(model(x), y)
+    except (RuntimeError, ValueError, IndexError) as err:
+        raise ConfigError(f"{what}: the model cannot take the data set's examples ({err}); "
+                          "match the model's sizes to the data (channels, classes, image "
+                          "size, users/items, vocabulary)") from None
 
 
 def exchange_mode(cfg: DictConfig, grace: Grace) -> str:
@@ -72,12 +133,25 @@ def exchange_mode(cfg: DictConfig, grace: Grace) -> str:
     methods such as LGC, and the pattern for custom loops)."""
     mode = check_choice(cfg.trainer.get("exchange", "auto"), ("auto", "hook", "step"),
                         "trainer", "exchange")
+    # a part holding the momentum (DGC's memory, Signum) needs weight decay (and DGC the
+    # model's gradient norm) applied before the exchange, which `exchange_gradients` does
+    whole = grace.compressor if grace.compressor.model_level else momentum_owner(grace)
     if mode == "auto":
-        return "step" if grace.compressor.model_level else "hook"
-    if mode == "hook" and grace.compressor.model_level:
-        raise ConfigError(f"trainer: option 'exchange' is 'hook' but {grace.compressor.label} "
+        return "step" if whole is not None else "hook"
+    if mode == "hook" and whole is not None:
+        raise ConfigError(f"trainer: option 'exchange' is 'hook' but {whole.label} "
                           "needs all gradients at once; use trainer.exchange=step or auto")
     return mode
+
+
+def momentum_owner(grace: Grace) -> Compressor | Memory | None:
+    """The part that applies the momentum itself (``replaces_optimizer_momentum``: DGC's
+    momentum correction, Signum): the optimizer then runs without momentum and weight decay
+    is added to the gradients before compression."""
+    for part in (grace.memory, grace.compressor):
+        if getattr(part, "replaces_optimizer_momentum", False):
+            return part
+    return None
 
 
 def broadcast_state(model: nn.Module, parameters: bool = True) -> None:
@@ -89,10 +163,17 @@ def broadcast_state(model: nn.Module, parameters: bool = True) -> None:
         dist.broadcast(tensor.data, src=0)
 
 
-def exchange_gradients(model: nn.Module, grace: Grace) -> None:
-    """Replace every gradient by the mean over ranks, through `grace` in one call."""
+def exchange_gradients(model: nn.Module, grace: Grace, weight_decay: float = 0.0) -> None:
+    """Replace every gradient by the mean over ranks, through `grace` in one call; add
+    `weight_decay` * parameter first, and give the memory the local norm if it clips by it."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     grads = [(n, p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in params]
+    if weight_decay:
+        grads = [(n, g.add(p.detach(), alpha=weight_decay))
+                 for (n, g), (_, p) in zip(grads, params)]
+    if getattr(grace.memory, "needs_local_norm", False):
+        norms = torch.stack([torch.linalg.vector_norm(g.float()) for _, g in grads])
+        grace.memory.set_local_norm(float(torch.linalg.vector_norm(norms)))
     for (_, p), mean in zip(params, grace.step_many(grads)):
         p.grad = mean
 
@@ -115,24 +196,53 @@ def _backend(cfg: DictConfig) -> str:
     return "nccl" if use_cuda else "gloo"
 
 
-def evaluate(model: nn.Module, dataset: Any, rank: int, world_size: int,
+def evaluate(model: nn.Module, dataset: Any, task: Task, rank: int, world_size: int,
              device: torch.device, batch_size: int) -> dict[str, float]:
-    """Loss and accuracy over the whole test set (each rank takes every world_size-th
-    example; counts are summed over ranks)."""
+    """Test loss and the task's metric over the whole test set (each rank takes every
+    world_size-th example; the task's sums are added over ranks)."""
     shard = Subset(dataset, range(rank, len(dataset), world_size))
     model.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    totals = torch.zeros(4, dtype=torch.float64, device=device)
     with torch.no_grad():
         for x, y in DataLoader(shard, batch_size=max(batch_size, 256)):
-            x, y = x.to(device), y.to(device)
-            logits = model(x)
-            totals[0] += nn.functional.cross_entropy(logits, y, reduction="sum").item()
-            totals[1] += (logits.argmax(1) == y).sum().item()
-            totals[2] += len(y)
+            totals += torch.tensor(task.eval_sums(model, x.to(device), y.to(device)),
+                                   dtype=torch.float64, device=device)
     model.train()
     if dist.is_initialized():
         dist.all_reduce(totals)
-    return {"test_loss": float(totals[0] / totals[2]), "test_acc": float(totals[1] / totals[2])}
+    return task.finish(totals.tolist())
+
+
+def optimizer_name(cfg: DictConfig) -> str:
+    """``trainer.optimizer``: ``sgd`` (with ``trainer.momentum``) or ``adam`` (Kingma and Ba
+    2015, as NCF is trained in He et al. 2017)."""
+    return check_choice(cfg.trainer.get("optimizer", "sgd"), ("sgd", "adam"), "trainer",
+                        "optimizer")
+
+
+def make_optimizer(cfg: DictConfig, model: nn.Module,
+                   pipeline_momentum: bool = False) -> torch.optim.Optimizer:
+    """With `pipeline_momentum` (see `momentum_owner`) SGD runs without momentum and
+    weight decay is left to `exchange_gradients`."""
+    t = cfg.trainer
+    weight_decay = 0.0 if pipeline_momentum else t.weight_decay
+    if optimizer_name(cfg) == "adam":
+        return torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=weight_decay)
+    return torch.optim.SGD(model.parameters(), lr=t.lr,
+                           momentum=0.0 if pipeline_momentum else t.momentum,
+                           weight_decay=weight_decay)
+
+
+def setup_parts(cfg: DictConfig, model: nn.Module, world_size: int) -> dict[str, str]:
+    """What every rank must agree on: the compression set-up, the exchange mode, the
+    parameters' names, shapes and dtypes, and the world size (grace.consistency)."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    params = [(n, list(p.shape), str(p.dtype)) for n, p in model.named_parameters()]
+    return {"compressor": describe(container["compressor"]),
+            "memory": describe(container["memory"]),
+            "communicator": describe(container["communicator"]),
+            "exchange": describe([cfg.trainer.get("exchange", "auto"), cfg.check_finite]),
+            "parameters": describe(params), "world_size": str(world_size)}
 
 
 def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: str,
@@ -143,9 +253,25 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     device = _device(cfg, rank)
     torch.manual_seed(cfg.seed)
     data = instantiate(cfg.data, allow_any_target=allow)
+    task = make_task(data.task, data.task_options)
+    nets = configured_networks(cfg)
     model = instantiate(cfg.model, allow_any_target=allow).to(device)
     grace = build_grace(cfg)
     t = cfg.trainer
+    parts = setup_parts(cfg, model, world_size)
+    verify_same_on_all_ranks(parts)
+    fingerprint = str(stable_hash(sorted(parts.items())))
+    owner = momentum_owner(grace)
+    optimizer = make_optimizer(cfg, model, owner is not None)
+    position, totals = checkpoint.Position(), dict.fromkeys(SUMMED_KEYS, 0.0)
+    resumed = None
+    if t.resume:
+        resumed = checkpoint.load(t.resume, rank, world_size, fingerprint)
+        model.load_state_dict(resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        grace.load_state_dict(resumed["grace"])
+        position = checkpoint.Position(**resumed["position"])
+        totals.update(resumed["totals"])
     per_bucket = exchange_mode(cfg, grace) == "hook"
     if per_bucket:
         net: nn.Module = DistributedDataParallel(
@@ -157,11 +283,15 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     sampler = DistributedSampler(data.train, num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=cfg.seed)
     loader = DataLoader(data.train, batch_size=t.batch_size, sampler=sampler, drop_last=False)
-    optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
-                                weight_decay=t.weight_decay)
+    if position.batch >= len(loader):  # saved at the end of an epoch
+        position = checkpoint.Position(position.step, position.epoch + 1, 0)
+    if owner is not None and rank == 0:
+        print(f"{owner.label} applies the momentum: the optimizer runs with momentum 0 "
+              "and weight decay is added to the gradients before compression", flush=True)
     total_steps = t.epochs * len(loader)
     if t.max_steps is not None:
         total_steps = min(total_steps, int(t.max_steps))
+    checkpoint_dir = t.checkpoint_dir or os.path.join(run_dir, "checkpoints")
     logger = None
     if rank == 0:
         logger = instantiate(cfg.logger, run_dir=run_dir, group=group,
@@ -170,32 +300,49 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     progress = None
     if rank == 0 and t.progress:
         from tqdm import tqdm
-        progress = tqdm(total=total_steps, desc=f"train [{grace.compressor.registry_name}]",
-                        unit="step", dynamic_ncols=True)
-    totals = dict.fromkeys(SUMMED_KEYS, 0.0)
-    step, evals = 0, {}
-    for epoch in range(t.epochs):
+        progress = tqdm(total=total_steps, initial=position.step, unit="step",
+                        desc=f"train [{grace.compressor.registry_name}]", dynamic_ncols=True)
+    def save(at: checkpoint.Position) -> None:
+        checkpoint.save(checkpoint_dir, rank, world_size, at, model, optimizer,
+                        grace.state_dict(), totals, fingerprint)
+
+    step, evals, save_at = position.step, {}, None
+    for epoch in range(position.epoch, t.epochs):
         if step >= total_steps:
             break
         sampler.set_epoch(epoch)
         grace.set_epoch(epoch)
-        for x, y in loader:
+        skip = position.batch if epoch == position.epoch else 0
+        if resumed is not None and epoch == position.epoch and skip == 0:
+            checkpoint.set_rng_state(resumed["rng"])  # saved before this epoch's iterator
+        batches = iter(loader)  # draws the loader's base seed from the global RNG
+        if resumed is not None and epoch == position.epoch and skip:
+            checkpoint.set_rng_state(resumed["rng"])  # saved after this epoch's iterator
+            for _ in range(skip):
+                next(batches)
+        for batch_index, (x, y) in enumerate(batches, start=skip):
             if step >= total_steps:
                 break
             start = time.perf_counter()
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(net(x), y)
+            loss = task.loss(net(x), y)
             loss.backward()
             if not per_bucket:
-                exchange_gradients(model, grace)
+                exchange_gradients(model, grace, t.weight_decay if owner is not None else 0.0)
             optimizer.step()
             loss_value = loss.item()
             stats = grace.metrics.pop()
             stats["step_s"] = time.perf_counter() - start
+            stats.update(project(stats, world_size, nets))
             for key in SUMMED_KEYS:
                 totals[key] += stats.get(key, 0.0)
             step += 1
+            due = t.checkpoint_every and (step % t.checkpoint_every == 0 or step == total_steps)
+            save_at = checkpoint.Position(step, epoch, batch_index + 1) if due else None
+            if save_at is not None and save_at.batch < len(loader):
+                save(save_at)  # an epoch's last batch is saved after its evaluation
+                save_at = None
             if logger is not None:
                 logger.log({"type": "step", "step": step, "epoch": epoch,
                             "loss": loss_value, **stats})
@@ -205,13 +352,19 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
         if (epoch + 1) % t.eval_every == 0 or epoch == t.epochs - 1 or step >= total_steps:
             if not per_bucket:
                 broadcast_state(model, parameters=False)
-            evals = evaluate(model, data.test, rank, world_size, device, t.batch_size)
+            evals = evaluate(model, data.test, task, rank, world_size, device, t.batch_size)
+            evals["state_bytes"] = tensor_bytes(grace.state_dict())
+            evals["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             if logger is not None:
                 logger.log({"type": "eval", "step": step, "epoch": epoch, **evals})
+        if save_at is not None:
+            save(save_at)
     if progress is not None:
         progress.close()
-    summary = _summary(totals, step, world_size, device)
-    summary.update(evals, steps=step, world_size=world_size,
+    summary = _summary(totals, step, world_size, device, nets)
+    summary.update(evals, steps=step, world_size=world_size, task=task.name,
+                   metric=task.metric, metric_label=task.label,
+                   higher_is_better=task.higher_is_better,
                    compressor=grace.compressor.registry_name, memory=grace.memory.registry_name,
                    communicator=grace.communicator.registry_name)
     if logger is not None:
@@ -219,23 +372,34 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
         print(format_summary(summary, run_dir), flush=True)
 
 
-def _summary(totals: dict[str, float], steps: int, world_size: int,
-             device: torch.device) -> dict[str, float]:
-    """Per-rank, per-step means over all ranks of the summed statistics."""
+def tensor_bytes(state: Any) -> int:
+    """Bytes of all tensors in a nested state dict (compression state that must not grow)."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(v) for v in state)
+    return 0
+
+
+def _summary(totals: dict[str, float], steps: int, world_size: int, device: torch.device,
+             nets: list[Network]) -> dict[str, float]:
+    """Per-rank, per-step means over all ranks of the summed statistics, and the network
+    projection (grace.network) of those means."""
     vec = torch.tensor([totals[k] for k in SUMMED_KEYS], dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(vec)
-    per_step = {f"{k}_per_step": float(v) / world_size / max(1, steps)
-                for k, v in zip(SUMMED_KEYS, vec.tolist())}
-    wire = per_step["wire_bytes_per_step"]
-    per_step["ratio"] = per_step["dense_bytes_per_step"] / wire if wire else math.inf
-    per_step["overhead_s_per_step"] = (per_step["compress_s_per_step"]
-                                       + per_step["decompress_s_per_step"]
-                                       + per_step["memory_s_per_step"])
-    return per_step
+    means = {k: float(v) / world_size / max(1, steps) for k, v in zip(SUMMED_KEYS, vec.tolist())}
+    summary = {f"{k}_per_step": v for k, v in means.items()}
+    wire = means["wire_bytes"]
+    summary["ratio"] = means["dense_bytes"] / wire if wire else math.inf
+    summary["overhead_s_per_step"] = overhead_time(means)
+    summary.update(project(means, world_size, nets))
+    return summary
 
 
-def _bytes(n: float) -> str:
+def format_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1024 or unit == "GB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
@@ -247,13 +411,16 @@ def format_summary(s: dict[str, Any], run_dir: str) -> str:
     lines = [
         f"== {s['compressor']} + {s['memory']} memory over {s['communicator']}, "
         f"{s['world_size']} ranks, {s['steps']} steps",
-        f"   test accuracy          {s.get('test_acc', float('nan')):.4f}",
-        f"   wire bytes / step      {_bytes(s['wire_bytes_per_step'])} per rank "
-        f"(dense {_bytes(s['dense_bytes_per_step'])}, ratio {s['ratio']:.1f}x)",
+        f"   {s['metric_label']:<22} {s.get(s['metric'], float('nan')):.4f}",
+        f"   wire bytes / step      {format_bytes(s['wire_bytes_per_step'])} per rank "
+        f"(dense {format_bytes(s['dense_bytes_per_step'])}, ratio {s['ratio']:.1f}x)",
         f"   compression / step     {1e3 * s['overhead_s_per_step']:.2f} ms "
         f"(compress {1e3 * s['compress_s_per_step']:.2f}, decompress "
         f"{1e3 * s['decompress_s_per_step']:.2f}, memory {1e3 * s['memory_s_per_step']:.2f})",
         f"   communication / step   {1e3 * s['comm_s_per_step']:.2f} ms",
+        "   projected speedup      " + ", ".join(
+            f"{v:.2f}x at {k.split('@')[1]}" for k, v in s.items() if k.startswith("speedup@"))
+        + " (vs dense ring allreduce)",
         f"   metrics                {os.path.join(run_dir, 'metrics.jsonl')}",
     ]
     return "\n".join(lines)
@@ -279,16 +446,16 @@ def main(cfg: DictConfig) -> float:
             train_worker(rank, world_size, cfg_dict, run_dir, group)
         finally:
             finish_process_group()
+        exit_now()  # as spawned workers do: no teardown abort after a finished run
     else:
         spawn(train_worker, int(cfg.trainer.world_size), cfg_dict, run_dir, group,
               backend=_backend(cfg), timeout_s=float(cfg.trainer.timeout_s),
               collective_timeout_s=float(cfg.trainer.collective_timeout_s))
     summary_path = os.path.join(run_dir, "summary.json")
     if os.path.exists(summary_path):
-        import json
-
         with open(summary_path, encoding="utf-8") as f:
-            return float(json.load(f).get("test_acc", float("nan")))
+            summary = json.load(f)
+        return float(summary.get(summary.get("metric", ""), float("nan")))
     return float("nan")
 
 

@@ -13,7 +13,8 @@ pipeline also runs in a single process (tests, benchmarks, notebooks).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from grace.compressor import Compressor, Payload
 from grace.metrics import Metrics
+from grace.network import bytes_key, calls_key, check_kind
 from grace.validation import IncompatibleError, PayloadError
 from grace.wire import from_bytes, payload_nbytes, to_bytes
 
@@ -94,11 +96,21 @@ class Communicator(ABC):
         self.metrics.add("wire_bytes", wire_bytes)
         self.metrics.add("sent_bytes", wire_bytes if sent_bytes is None else sent_bytes)
 
+    @contextmanager
+    def collective(self, kind: str, nbytes: int) -> Iterator[None]:
+        """Time one collective (``comm_s``) and record it for the network cost model:
+        ``coll_<kind>_calls`` += 1 and ``coll_<kind>_bytes`` += `nbytes`, the message size
+        as `grace.network` defines it for `kind` (e.g. all ranks' bytes for an allgather)."""
+        self.metrics.add(calls_key(check_kind(kind)), 1)
+        self.metrics.add(bytes_key(kind), nbytes)
+        with self.metrics.timer("comm_s"):
+            yield
+
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` over ranks in place (counted as payload)."""
         self.count(payload_nbytes([tensor]))
         if self.world_size > 1:
-            with self.metrics.timer("comm_s"):
+            with self.collective("allreduce", payload_nbytes([tensor])):
                 dist.all_reduce(tensor, group=self.group)
         return tensor
 
@@ -108,7 +120,7 @@ class Communicator(ABC):
         if self.world_size == 1:
             return [tensor]
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        with self.metrics.timer("comm_s"):
+        with self.collective("allgather", self.world_size * payload_nbytes([tensor])):
             dist.all_gather(out, tensor.contiguous(), group=self.group)
         return out
 
@@ -117,7 +129,7 @@ class Communicator(ABC):
         if self.rank == src:
             self.count(payload_nbytes([tensor]))
         if self.world_size > 1:
-            with self.metrics.timer("comm_s"):
+            with self.collective("broadcast", payload_nbytes([tensor])):
                 dist.broadcast(tensor, src=self.global_rank(src), group=self.group)
         return tensor
 
@@ -129,7 +141,7 @@ class Communicator(ABC):
         local = torch.tensor(list(numels), dtype=torch.int64, device=device)
         self.metrics.add("sent_bytes", local.numel() * 8)
         out = [torch.empty_like(local) for _ in range(self.world_size)]
-        with self.metrics.timer("comm_s"):
+        with self.collective("allgather", self.world_size * local.numel() * 8):
             dist.all_gather(out, local, group=self.group)
         sizes = [o.tolist() for o in out]
         for owner, rank_sizes in enumerate(sizes):

@@ -54,7 +54,7 @@ class Compressor(ABC):
       with collectives of their own).
     - ``model_level``: the method needs every gradient of the model in one `step_many` call
       (e.g. LGC concatenates all layers), so trainers exchange after backward instead of
-      per DDP bucket.
+      per DDP bucket. Such a compressor implements `compress_model` instead of `compress`.
     """
 
     summable: ClassVar[bool] = False
@@ -85,6 +85,24 @@ class Compressor(ABC):
     @abstractmethod
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         """Rebuild a dense tensor of the original shape and dtype from `payload`."""
+
+    def compress_model(self, named: Sequence[tuple[str, torch.Tensor]]
+                       ) -> tuple[list[tuple[Payload, Any]], Payload, Any]:
+        """Model-level compressors (``model_level``): compress every tensor of a step at once.
+
+        Returns, per tensor, the (payload, ctx) its memory sees: the selection before any joint
+        re-encoding (e.g. Top-k's values and indices), which `decompress` turns into the part
+        of the tensor that was transmitted, so error feedback keeps the rest. Then one joint
+        (payload, ctx) for the communicator, whose mean over ranks decompresses to the flat
+        concatenation of all tensors. May use the accounted collectives of `self.comm`."""
+        raise NotImplementedError(f"{self.label} sets model_level but does not implement "
+                                  "compress_model")
+
+    def transmitted(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        """Flat bool mask of the elements `payload` carries (momentum factor masking in DGC's
+        memory). By default the nonzeros of its decompression; sparse and dense methods
+        answer exactly."""
+        return self.decompress(payload, ctx).reshape(-1) != 0
 
     def aggregate(self, payloads: Sequence[Payload], ctx: Any) -> torch.Tensor:
         """Mean over ranks of the decompressed payloads (in rank order, so every rank

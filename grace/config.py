@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from grace.validation import ConfigError
+from grace.validation import ConfigError, MissingDependency
 
 ALLOWED_PREFIXES: tuple[str, ...] = (
     "grace.", "compressors.", "memories.", "communicators.", "experiments.",
@@ -59,6 +59,6 @@ def instantiate(cfg: Any, *, allow_any_target: bool = False, **kwargs: Any) -> A
     try:
         return hydra_instantiate(cfg, **kwargs)
     except InstantiationException as err:
-        if isinstance(err.__cause__, ConfigError):  # our own message says it all
+        if isinstance(err.__cause__, (ConfigError, MissingDependency)):  # our message says it all
             raise err.__cause__ from None
         raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -20,10 +21,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_GRACE_S = 3.0  # after a worker fails: seconds for the others to stop, then SIGTERM, SIGKILL
 
 
 class WorkerTimeout(TimeoutError):
     """Local workers did not finish within the allowed time."""
+
+
+class WorkerError(RuntimeError):
+    """A local worker died or raised; the others were stopped."""
 
 
 def launched_externally() -> bool:
@@ -66,6 +72,18 @@ def _worker(rank: int, fn: Callable[..., Any], world_size: int, port: int, backe
         fn(rank, world_size, *args)
     finally:
         finish_process_group()
+    exit_now()
+
+
+def exit_now(code: int = 0) -> None:
+    """End a worker whose work is done and whose process group is destroyed, skipping the
+    interpreter's teardown: C++ threads of communication and kernel libraries (Gloo,
+    numba's thread pool) are sometimes still joinable when static destructors run, and the
+    process then aborts ("terminate called without an active exception") after a
+    successful run."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
@@ -82,10 +100,22 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
               collective_timeout_s or timeout_s, threads, args))
     deadline = time.monotonic() + timeout_s
     try:
-        while not ctx.join(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
+        while not ctx.join(timeout=min(1.0, max(0.0, deadline - time.monotonic())),
+                           grace_period=_GRACE_S):
             if time.monotonic() >= deadline:
                 raise WorkerTimeout(f"{world_size} local workers did not finish within "
                                     f"{timeout_s:.0f} s; killed them")
+    except mp.ProcessExitedException as err:
+        how = (f"was killed by signal {err.signal_name}" if err.signal_name
+               else f"exited with code {err.exit_code}")
+        raise WorkerError(f"worker rank {err.error_index} of {world_size} {how} without "
+                          "reporting an error; the other workers were stopped") from None
+    except mp.ProcessRaisedException as err:
+        hint = ("\n(A peer did not answer within the collective timeout: it died, hung or is "
+                "too slow; raise trainer.collective_timeout_s if it is only slow.)"
+                if "Timed out" in str(err) else "")
+        raise WorkerError(f"worker rank {err.error_index} of {world_size} failed and the other "
+                          f"workers were stopped. Its error:\n{err}{hint}") from None
     finally:
         for proc in ctx.processes:
             if proc.is_alive():

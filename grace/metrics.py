@@ -8,6 +8,10 @@ Keys written by the core:
 - ``sent_bytes``: bytes handed to collectives, including size headers and padding.
 - ``compress_s``, ``decompress_s``, ``memory_s``, ``comm_s``: seconds spent in each stage.
 - ``tensors``: number of tensors compressed this step.
+- ``exchanges``: calls that exchanged payloads (one per DDP bucket, or one per `step_many`).
+- ``coll_<kind>_calls``, ``coll_<kind>_bytes``: collectives issued and their message sizes,
+  for the network cost model (`grace.network`; kinds allreduce, allgather, broadcast,
+  ps_push, ps_pull).
 
 Derived on `pop()`: ``ratio`` = dense_bytes / wire_bytes and, where a sparsifier reported
 ``k_hat`` and ``k``, ``quality`` = k_hat / k (the estimation quality of threshold methods).
@@ -34,6 +38,10 @@ class Metrics:
     def add(self, key: str, value: float) -> None:
         """Add `value` to the step's running sum for `key`."""
         self._sums[key] += float(value)
+
+    def get(self, key: str) -> float:
+        """The step's running sum for `key` so far (0 if nothing was added)."""
+        return self._sums.get(key, 0.0)
 
     def observe(self, key: str, value: float) -> None:
         """Record one per-tensor sample; `pop()` reports its mean, 5th and 95th percentiles."""

@@ -9,7 +9,7 @@ Use `build` to assemble one from names, dicts, Hydra configs or instances.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,6 +21,8 @@ from grace.memory import Memory
 from grace.metrics import Metrics
 from grace.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, Registry
 from grace.validation import ConfigError, check_tensor
+
+MODEL_ITEM = "model"  # the name of the joint item of a model-level compressor
 
 
 class Grace:
@@ -69,19 +71,54 @@ class Grace:
                 metrics.sync_cuda = True
             metrics.add("dense_bytes", grad.numel() * grad.element_size())
             metrics.add("tensors", 1)
+        if self.compressor.model_level:
+            return self._step_model(named)
+        for name, grad in named:
             if grad.numel() == 0:  # same shape on every rank: nothing to exchange
                 outputs.append(grad.clone())
                 continue
             with metrics.timer("memory_s"):
                 compensated = self.memory.compensate(grad, name)
-            with metrics.timer("compress_s"):
-                payload, ctx = self.compressor.compress(compensated, name)
+            payload, ctx = self._timed_compress(self.compressor.compress, compensated, name)
             with metrics.timer("memory_s"):
                 self.memory.update(compensated, name, self.compressor, payload, ctx)
             items.append((payload, ctx, name))
             outputs.append(None)
+        if items:
+            metrics.add("exchanges", 1)  # the dense-allreduce baseline of grace.network
         received = iter(self.communicator.send_receive_many(items) if items else [])
         return [out if out is not None else next(received) for out in outputs]
+
+    def _step_model(self, named: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """`step_many` for model-level compressors (`Compressor.compress_model`): compensate
+        every tensor, compress all of them in one call, update the memory with each tensor's
+        selection, and exchange one joint payload whose mean is the concatenation of every
+        tensor's mean (flattened, in order)."""
+        metrics = self.metrics
+        live = [(name, grad) for name, grad in named if grad.numel()]
+        if not live:
+            return [grad.clone() for _, grad in named]
+        with metrics.timer("memory_s"):
+            compensated = [(name, self.memory.compensate(grad, name)) for name, grad in live]
+        selections, payload, ctx = self._timed_compress(self.compressor.compress_model,
+                                                        compensated)
+        with metrics.timer("memory_s"):
+            for (name, tensor), (sel_payload, sel_ctx) in zip(compensated, selections):
+                self.memory.update(tensor, name, self.compressor, sel_payload, sel_ctx)
+        metrics.add("exchanges", 1)
+        flat = self.communicator.send_receive_many([(payload, ctx, MODEL_ITEM)])[0]
+        means = iter(flat.split([grad.numel() for _, grad in live]))
+        return [next(means).view_as(grad) if grad.numel() else grad.clone() for _, grad in named]
+
+    def _timed_compress(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call a compression function, adding its time to ``compress_s`` except the time
+        of its own collectives (PowerSGD's first round, LGC's index broadcast), which the
+        communicator's primitives already add to ``comm_s``."""
+        comm_before = self.metrics.get("comm_s")
+        with self.metrics.timer("compress_s"):
+            result = fn(*args)
+        self.metrics.add("compress_s", comm_before - self.metrics.get("comm_s"))
+        return result
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to schedules (e.g. a warm-up of the compression ratio)."""

@@ -115,6 +115,9 @@ def add_registry(registry: Registry) -> Registry:
 
 
 def _registry(kind: str) -> Registry:
+    if kind not in REGISTRIES:  # method packages may add families when first imported
+        for builtin in (COMPRESSORS, MEMORIES, COMMUNICATORS):
+            builtin._load()
     if kind not in REGISTRIES:
         raise UnknownNameError(f"unknown registry '{kind}'. Available: "
                                f"{', '.join(sorted(REGISTRIES))}")

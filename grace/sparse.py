@@ -23,8 +23,17 @@ def index_dtype(numel: int) -> torch.dtype:
 
 
 def sparsify(flat: torch.Tensor, indices: torch.Tensor) -> Payload:
-    """Payload (values, indices) of the 1-D tensor `flat` at `indices`."""
-    return flat[indices], indices.to(index_dtype(flat.numel()))
+    """Payload (values, indices) of the 1-D tensor `flat` at `indices`. (`index_select`:
+    advanced indexing ``flat[indices]`` costs time proportional to the tensor on CPU, ~6 ms
+    for 26M elements, 80x more than this gather of k values.)"""
+    return flat.index_select(0, indices), indices.to(index_dtype(flat.numel()))
+
+
+def index_mask(indices: torch.Tensor, numel: int) -> torch.Tensor:
+    """Flat bool mask with True at `indices`."""
+    mask = torch.zeros(numel, dtype=torch.bool, device=indices.device)
+    mask[indices.long()] = True
+    return mask
 
 
 def check_sparse(values: torch.Tensor, indices: torch.Tensor, info: TensorInfo) -> None:
@@ -101,3 +110,6 @@ class Sparsifier(Compressor):
 
     def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
         return sparse_mean(payloads, ctx)
+
+    def transmitted(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        return index_mask(payload[1], ctx.numel)

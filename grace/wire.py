@@ -9,6 +9,7 @@ All functions are vectorised torch code and run on CPU and CUDA tensors.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from grace.validation import PayloadError
 
 _MAX_BITS = 32
+_LITTLE_ENDIAN = sys.byteorder == "little"  # the word-based packing views int64 as bytes
 
 
 def packed_nbytes(n: int, bits: int) -> int:
@@ -34,7 +36,7 @@ def pack_uint(values: torch.Tensor, bits: int, *, check: bool = True) -> torch.T
     if n == 0:
         return torch.empty(0, dtype=torch.uint8, device=v.device)
     if v.dtype == torch.bool:
-        v = v.to(torch.uint8)
+        v = v.view(torch.uint8)
     if v.is_floating_point():
         raise TypeError(f"pack_uint: expected an integer tensor, got {v.dtype}")
     if check and (bits < 8 or v.dtype != torch.uint8):
@@ -44,15 +46,49 @@ def pack_uint(values: torch.Tensor, bits: int, *, check: bool = True) -> torch.T
                              f"{bits}-bit fields, got range [{lo}, {hi}]")
     if bits == 8:
         return v.to(torch.uint8)
-    if 8 % bits == 0:
-        per = 8 // bits
-        pad = (-n) % per
-        v8 = v.to(torch.uint8)
-        if pad:
-            v8 = torch.cat([v8, v8.new_zeros(pad)])
-        shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=v.device)
-        return (v8.view(-1, per) << shifts).sum(dim=1, dtype=torch.uint8)
+    if bits < 8 and _LITTLE_ENDIAN:
+        return _pack_words(v.to(torch.uint8), bits, n)
     return _pack_generic(v.to(torch.int64), bits, n)
+
+
+# Fields of fewer than 8 bits: 8 fields make exactly `bits` bytes. The 8 fields of a group
+# are loaded as the 8 bytes of one int64 word (little-endian), and three steps pair up
+# neighbours inside 16-, 32- and 64-bit lanes: the upper half of each lane (at bit lane/2)
+# moves down next to the lower half (at bit `width`), so field l ends at bit bits*l.
+# Unpacking runs the steps backwards.
+_STEPS = ((16, 1), (32, 2), (64, 4))  # (lane, fields per half-lane)
+
+
+def _lanes(width: int, lane: int) -> int:
+    """Mask of the lowest `width` bits of every `lane`-bit lane of a 64-bit word."""
+    return sum(((1 << width) - 1) << (lane * j) for j in range(64 // lane))
+
+
+def _pack_words(v8: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    pad = (-n) % 8
+    if pad:
+        v8 = torch.cat([v8, v8.new_zeros(pad)])
+    w = v8.view(torch.int64)
+    for lane, fields in _STEPS:  # in place after the first step (fewer fresh pages)
+        width = bits * fields
+        low = _lanes(width, lane)
+        high = (w >> (lane // 2 - width)).bitwise_and_(low << width)
+        w = (w & low) if w.data_ptr() == v8.data_ptr() else w.bitwise_and_(low)
+        w.bitwise_or_(high)
+    packed = w.view(torch.uint8).view(-1, 8)[:, :bits]
+    return packed.reshape(-1)[: packed_nbytes(n, bits)].contiguous()
+
+
+def _unpack_words(p: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    groups = (n + 7) // 8
+    p = torch.cat([p, p.new_zeros(groups * bits - p.numel())]).view(groups, bits)
+    w = torch.cat([p, p.new_zeros(groups, 8 - bits)], dim=1).reshape(-1).view(torch.int64)
+    for lane, fields in reversed(_STEPS):
+        width = bits * fields
+        low = _lanes(width, lane)
+        high = (w << (lane // 2 - width)).bitwise_and_(low << (lane // 2))
+        w.bitwise_and_(low).bitwise_or_(high)
+    return w.view(torch.uint8)[:n]
 
 
 def _pack_generic(v: torch.Tensor, bits: int, n: int) -> torch.Tensor:
@@ -67,10 +103,14 @@ def _pack_generic(v: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return out[: packed_nbytes(n, bits)].to(torch.uint8)
 
 
-def unpack_uint(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """Inverse of `pack_uint`: return `n` integers (int64) of `bits` bits each."""
+def unpack_uint(packed: torch.Tensor, bits: int, n: int, *,
+                dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Inverse of `pack_uint`: return `n` integers of `bits` bits each, as `dtype` (int64 by
+    default; uint8 skips a widening copy for fields of at most 8 bits)."""
     if not 1 <= bits <= _MAX_BITS:
         raise ValueError(f"unpack_uint: bits must be in [1, {_MAX_BITS}], got {bits}")
+    if dtype == torch.uint8 and bits > 8:
+        raise ValueError(f"unpack_uint: {bits}-bit fields do not fit dtype uint8")
     if packed.dtype != torch.uint8:
         raise PayloadError(f"packed data must be uint8, got {packed.dtype}")
     need = packed_nbytes(n, bits)
@@ -79,33 +119,30 @@ def unpack_uint(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
                            f"{bits} bits need exactly {need}")
     p = packed.reshape(-1)
     if n == 0:
-        return torch.empty(0, dtype=torch.int64, device=p.device)
+        return torch.empty(0, dtype=dtype, device=p.device)
     if bits == 8:
-        return p.to(torch.int64)
-    if 8 % bits == 0:
-        per = 8 // bits
-        shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=p.device)
-        fields = (p.view(-1, 1) >> shifts) & ((1 << bits) - 1)
-        return fields.reshape(-1)[:n].to(torch.int64)
+        return p.to(dtype)
+    if bits < 8 and _LITTLE_ENDIAN:
+        return _unpack_words(p, bits, n).to(dtype)
     offset = torch.arange(n, dtype=torch.int64, device=p.device) * bits
     first = offset >> 3
     padded = torch.cat([p, p.new_zeros(5)]).to(torch.int64)
     word = torch.zeros(n, dtype=torch.int64, device=p.device)
     for j in range((bits + 7 + 7) // 8):
         word |= padded[first + j] << (8 * j)
-    return (word >> (offset & 7)) & ((1 << bits) - 1)
+    return ((word >> (offset & 7)) & ((1 << bits) - 1)).to(dtype)
 
 
 def pack_bits(bits: torch.Tensor) -> torch.Tensor:
     """Pack a bool (or 0/1) tensor into ceil(n / 8) bytes, LSB-first."""
     flat = bits.reshape(-1)
     flat = flat if flat.dtype == torch.bool else flat.ne(0)
-    return pack_uint(flat.to(torch.uint8), 1, check=False)
+    return pack_uint(flat, 1, check=False)
 
 
 def unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
     """Inverse of `pack_bits`: a bool tensor of `n` elements."""
-    return unpack_uint(packed, 1, n).bool()
+    return unpack_uint(packed, 1, n, dtype=torch.uint8).view(torch.bool)
 
 
 def bits_for(count: int) -> int:

@@ -1,0 +1,133 @@
+"""Network cost model: the time the collectives of one step would take on a network of given
+bandwidth and latency, so runs on one machine project to clusters (alpha-beta model, Hockney
+1994; collective algorithms as in Thakur, Rabenseifner and Gropp 2005 and NCCL's ring).
+
+With N ranks, latency alpha (s), bandwidth B (bytes/s) and message size n (bytes, as the
+communicators record it, see `Communicator.collective`):
+
+| kind | n | time |
+|---|---|---|
+| ``allreduce`` (ring: reduce-scatter + allgather) | bytes of the vector | 2(N-1) alpha + 2(N-1)/N n/B |
+| ``allgather`` (ring) | bytes gathered, N x the per-rank block | (N-1) alpha + (N-1)/N n/B |
+| ``broadcast`` (pipelined ring) | bytes broadcast | (N-1) alpha + n/B |
+| ``ps_push`` (workers -> server; the server's link carries all) | bytes the server receives | alpha + n/B |
+| ``ps_pull`` (server -> workers) | bytes the server sends | alpha + n/B |
+
+A step with several collectives of a kind adds their times; since each time is linear in n,
+the sum is calls x latency term + (bandwidth factor) x total bytes / B. The projected step
+time is ``compute + compression overhead + modelled communication``, where compute is the
+measured step time less the measured (local) communication and compression; the baseline is
+the same compute with the dense gradients on ring allreduce (one allreduce per exchange) and
+no compression, and ``speedup = baseline / projected``.
+
+Per-step statistics read here (written by communicators and the pipeline):
+``coll_<kind>_calls``, ``coll_<kind>_bytes``, ``exchanges``, ``dense_bytes``, ``step_s``,
+``comm_s``, ``compress_s``, ``decompress_s``, ``memory_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from grace.validation import ConfigError, check_range
+
+KINDS = ("allreduce", "allgather", "broadcast", "ps_push", "ps_pull")
+OVERHEAD_KEYS = ("compress_s", "decompress_s", "memory_s")
+
+
+def calls_key(kind: str) -> str:
+    return f"coll_{kind}_calls"
+
+
+def bytes_key(kind: str) -> str:
+    return f"coll_{kind}_bytes"
+
+
+COLLECTIVE_KEYS = tuple(key(k) for k in KINDS for key in (calls_key, bytes_key))
+
+
+def overhead_time(stats: Mapping[str, float]) -> float:
+    """Measured compression overhead of a step: compress + decompress + memory."""
+    return sum(stats.get(k, 0.0) for k in OVERHEAD_KEYS)
+
+
+def compute_time(stats: Mapping[str, float]) -> float:
+    """Measured step time less the measured communication and compression overhead."""
+    return max(0.0, stats.get("step_s", 0.0) - stats.get("comm_s", 0.0) - overhead_time(stats))
+
+
+def check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ConfigError(f"network: collective kind {kind!r} is unknown; kinds are "
+                          f"{', '.join(KINDS)}")
+    return kind
+
+
+@dataclass(frozen=True)
+class Network:
+    """A homogeneous network: every rank has a link of `bandwidth_gbps` (10^9 bits/s) and
+    each message pays `latency_us` microseconds."""
+
+    bandwidth_gbps: float
+    latency_us: float
+
+    def __post_init__(self) -> None:
+        check_range(self.bandwidth_gbps, "network", "bandwidth_gbps", 0.0, low_open=True)
+        check_range(self.latency_us, "network", "latency_us", 0.0)
+
+    @property
+    def label(self) -> str:
+        """``0.1Gbps``, ``1Gbps``, ``10Gbps``: the suffix of this network's keys."""
+        return f"{self.bandwidth_gbps:g}Gbps"
+
+    def time(self, kind: str, nbytes: float, world_size: int, calls: float = 1) -> float:
+        """Seconds for `calls` collectives of `kind` moving `nbytes` in total (module table)."""
+        n = world_size
+        if n <= 1 or calls == 0:
+            return 0.0
+        alpha = self.latency_us * 1e-6
+        beta = 8.0 / (self.bandwidth_gbps * 1e9)  # seconds per byte
+        latency_terms, bandwidth_factor = {
+            "allreduce": (2 * (n - 1), 2 * (n - 1) / n),
+            "allgather": (n - 1, (n - 1) / n),
+            "broadcast": (n - 1, 1.0),
+            "ps_push": (1, 1.0),
+            "ps_pull": (1, 1.0),
+        }[check_kind(kind)]
+        return calls * latency_terms * alpha + bandwidth_factor * nbytes * beta
+
+    def comm_time(self, stats: Mapping[str, float], world_size: int) -> float:
+        """Modelled seconds of every collective recorded in `stats`."""
+        return sum(self.time(kind, stats.get(bytes_key(kind), 0.0), world_size,
+                             stats.get(calls_key(kind), 0.0)) for kind in KINDS)
+
+    def project(self, stats: Mapping[str, float], world_size: int) -> dict[str, float]:
+        """``net_comm_s@L``, ``projected_step_s@L``, ``dense_step_s@L`` and ``speedup@L``
+        (L = `label`) for one step's statistics (or per-step means)."""
+        compute = compute_time(stats)
+        comm = self.comm_time(stats, world_size)
+        dense = compute + self.time("allreduce", stats.get("dense_bytes", 0.0), world_size,
+                                    stats.get("exchanges", 0.0))
+        projected = compute + overhead_time(stats) + comm
+        return {f"net_comm_s@{self.label}": comm,
+                f"projected_step_s@{self.label}": projected,
+                f"dense_step_s@{self.label}": dense,
+                f"speedup@{self.label}": dense / projected if projected > 0 else 1.0}
+
+
+def networks(bandwidths_gbps: Iterable[float] | float, latency_us: float) -> list[Network]:
+    """One `Network` per bandwidth (a number or a list, as in ``network.bandwidth_gbps``)."""
+    values = [bandwidths_gbps] if isinstance(bandwidths_gbps, (int, float)) else list(bandwidths_gbps)
+    if not values:
+        raise ConfigError("network: option 'bandwidth_gbps' must list at least one bandwidth")
+    return [Network(b, latency_us) for b in values]
+
+
+def project(stats: Mapping[str, float], world_size: int,
+            nets: Sequence[Network]) -> dict[str, float]:
+    """`Network.project` for every network, plus the measured ``compute_s``."""
+    out = {"compute_s": compute_time(stats)}
+    for net in nets:
+        out.update(net.project(stats, world_size))
+    return out

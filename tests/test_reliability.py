@@ -1,0 +1,211 @@
+"""Reliability: bit-identical resume of every method family, dead and hung peers, ranks
+started with different set-ups. Each failure mode must end with a clear error in bounded
+time, never a hang or silent corruption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from experiments.train import train_worker
+from tests.helpers import compose_train, run_ranks
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# One method of every family, with phases and schedules short enough to cross a boundary
+# inside the first 12 steps (the interruption is at step 7).
+FAMILIES = {
+    "topk_residual": ["compressor=topk"],
+    "randomk": ["compressor=randomk", "memory=none"],
+    "sidco_adaptive": ["compressor=sidco", "compressor.ratio=0.01", "compressor.adapt.interval=2"],
+    "dgc_momentum": ["compressor=dgc", "compressor.ratio=0.01", "compressor.warmup_epochs=2"],
+    "natural": ["compressor=natural"],
+    "qsgd": ["compressor=qsgd"],
+    "powersgd": ["compressor=powersgd"],
+    "efsignsgd": ["compressor=efsignsgd"],
+    "deepreduce_bloom_p2": ["compressor=deepreduce", "compressor/index=bloom",
+                            "compressor.index.policy=p2", "compressor/value=polyfit"],
+    "lgc_rar": ["compressor=lgc_rar", "compressor.ratio=0.01", "compressor.warmup_iters=3",
+                "compressor.ae_train_iters=3"],
+    "lgc_ps": ["compressor=lgc_ps", "compressor.ratio=0.01", "compressor.warmup_iters=3",
+               "compressor.ae_train_iters=3"],
+}
+STOP, END = 7, 30  # digits: 23 steps per epoch, so the resumed run crosses an epoch end
+
+
+def tensors_equal(a, b, path=""):
+    """Nested state dicts are equal bit for bit (tensors with torch.equal)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert set(a) == set(b), path
+        for key in a:
+            tensors_equal(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            tensors_equal(x, y, f"{path}[{i}]")
+    else:
+        assert a == b or (a != a and b != b), path  # NaN == NaN here
+
+
+def run_three_ways(rank, world_size, cfg_dict, root):
+    """Uninterrupted to END; stopped at STOP; resumed from STOP to END. Same processes."""
+    def run(name, max_steps, resume=None):
+        cfg = dict(cfg_dict, trainer=dict(cfg_dict["trainer"], max_steps=max_steps,
+                                          checkpoint_every=max_steps, resume=resume,
+                                          progress=False, checkpoint_dir=f"{root}/{name}"))
+        train_worker(rank, world_size, cfg, f"{root}/{name}_run", None)
+        return torch.load(f"{root}/{name}/rank{rank}.pt", weights_only=True)
+
+    full = run("full", END)
+    run("first", STOP)
+    resumed = run("resumed", END, resume=f"{root}/first")
+    assert resumed["position"] == full["position"]
+    for key in ("model", "optimizer", "grace", "rng"):
+        tensors_equal(full[key], resumed[key], key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_resume_is_bit_identical(family, tmp_path):
+    cfg = compose_train(*FAMILIES[family])
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    run_ranks(run_three_ways, 2, cfg_dict, str(tmp_path), timeout_s=240)
+
+
+def resume_cli(tmp_path, *overrides):
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.train", f"hydra.run.dir={tmp_path}/run",
+         "trainer.progress=false", *overrides], cwd=ROOT, capture_output=True, text=True,
+        timeout=180)
+
+
+def test_resume_refuses_missing_or_foreign_checkpoints(tmp_path):
+    proc = resume_cli(tmp_path, f"trainer.resume={tmp_path}/nothing")
+    assert proc.returncode != 0 and "holds no checkpoint" in proc.stderr
+    first = resume_cli(tmp_path / "a", "compressor=topk", "trainer.max_steps=3",
+                       "trainer.checkpoint_every=3")
+    assert first.returncode == 0, first.stderr[-2000:]
+    other = resume_cli(tmp_path / "b", "compressor=randomk", "trainer.max_steps=6",
+                       f"trainer.resume={tmp_path}/a/run/checkpoints")
+    assert other.returncode != 0
+    assert "different compressor, memory, communicator or model" in other.stderr
+
+
+# -- dead and hung peers -----------------------------------------------------------------
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmd = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+                out.append((int(fields[19]), int(entry.name)))  # (start time, pid)
+    return [p for _, p in sorted(out)]
+
+
+def start_long_run(tmp_path, timeout_s: int):
+    cmd = [sys.executable, "-m", "experiments.train", f"hydra.run.dir={tmp_path}",
+           "trainer.progress=false", "trainer.epochs=1000", "compressor=topk",
+           f"trainer.collective_timeout_s={timeout_s}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if metrics.exists() and metrics.read_text().count('"type": "step"') >= 5:
+            workers = children(proc.pid)
+            if len(workers) == 2:
+                return proc, workers
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"training did not start: {proc.communicate()[1][-2000:]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_dead_or_hung_peer_ends_the_run_with_an_error(tmp_path, fault):
+    timeout_s = 8
+    proc, workers = start_long_run(tmp_path, timeout_s)
+    os.kill(workers[1], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=timeout_s + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0
+    assert time.monotonic() - start < timeout_s + 60
+    if fault == "kill":
+        assert "worker rank 1 of 2 was killed by signal SIGKILL" in err, err[-2000:]
+    else:
+        assert "worker rank 0 of 2 failed" in err and "collective timeout" in err, err[-2000:]
+
+
+# -- ranks that disagree ------------------------------------------------------------------
+
+def launch_rank(rank, port, tmp_path, *overrides):
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "experiments.train", f"hydra.run.dir={tmp_path}/rank{rank}",
+         "trainer.progress=false", "trainer.max_steps=3", "trainer.collective_timeout_s=30",
+         *overrides], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override,part", [("compressor.ratio=0.02", "compressor"),
+                                           ("model.hidden=32", "parameters")])
+def test_ranks_with_different_setups_are_refused(tmp_path, override, part):
+    from grace.launch import free_port
+    port = free_port()
+    procs = [launch_rank(0, port, tmp_path, "compressor=topk"),
+             launch_rank(1, port, tmp_path, "compressor=topk", override)]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    for p, err in zip(procs, errs):
+        assert p.returncode != 0
+        assert "ranks were started with different set-ups" in err and f"'{part}'" in err, err[-1500:]
+
+
+def check_consistency(rank, world_size):
+    from grace.consistency import verify_same_on_all_ranks
+    from grace.validation import ConfigError
+    verify_same_on_all_ranks({"a": "same", "b": "same"})
+    with pytest.raises(ConfigError, match=r"'b' differs between ranks \(rank 0: x; rank 1: y"):
+        verify_same_on_all_ranks({"a": "same", "b": "x" if rank == 0 else "y"})
+
+
+def test_consistency_check_names_the_differing_part():
+    run_ranks(check_consistency, 2)
+
+
+# -- long runs ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_compression_state_does_not_grow(tmp_path):
+    proc = resume_cli(tmp_path, "compressor=topk", "trainer.epochs=6")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+             .splitlines() if '"type": "eval"' in line]
+    sizes = {e["state_bytes"] for e in evals}
+    assert len(evals) == 6 and len(sizes) == 1 and sizes.pop() > 0
