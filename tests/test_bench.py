@@ -5,19 +5,56 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+from experiments.bench.compressors import GradientStream, quality_band, synthetic
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_compressors_suite_runs(tmp_path):
+def bench(tmp_path, *overrides):
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.bench", f"hydra.run.dir={tmp_path}",
-         "sizes=[4096]", "distributions=[laplace,student_t]", "ratios=[0.01]", "repeats=1",
-         "methods=[topk,randomk,none]"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+        [sys.executable, "-m", "experiments.bench", f"hydra.run.dir={tmp_path}", "repeats=1",
+         *overrides], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    records = json.loads((tmp_path / "bench.json").read_text())
-    assert {r["method"] for r in records} == {"topk", "randomk", "none"}
+    return proc, json.loads((tmp_path / "bench.json").read_text())
+
+
+def test_compressors_suite_runs(tmp_path):
+    methods = ("[topk,randomk,none,dgc,{name:sidco,label:sidco_gp,variant:sidco_gp},"
+               "redsync,gaussiank]")
+    proc, records = bench(tmp_path, "sizes=[4096]", "distributions=[laplace,student_t]",
+                          "ratios=[0.01]", f"methods={methods}", "steps=4",
+                          "gradients=[{model:mlp,data:digits}]", "capture.warmup_steps=1")
+    names = {"topk", "randomk", "none", "dgc", "sidco_gp", "redsync", "gaussiank"}
+    assert {(r["method"], r["dist"]) for r in records} == {
+        (m, d) for m in names for d in ("laplace", "student_t", "grad:MLP")}
     topk = next(r for r in records if r["method"] == "topk")
     assert topk["payload_bytes"] == 8 * 40 and topk["quality"] == 1.0
     assert topk["read_s"] > 0 and topk["topk_s"] > 0
-    assert "topk_speedup" in proc.stdout
+    for rec in records:
+        if rec["method"] not in ("randomk", "none"):
+            assert rec["quality_p5"] <= rec["quality"] <= rec["quality_p95"], rec
+            assert rec["numel"] == 4096 and rec["payload_bytes"] > 0
+    sidco = next(r for r in records if r["method"] == "sidco_gp")
+    assert sidco["stages"] >= 1 and sidco["quality_first"] > 0
+    assert "topk_speedup" in proc.stdout and "quality_first" in proc.stdout
+
+
+def test_gradient_stream_concatenates_training_steps():
+    stream = GradientStream("mlp", "digits", seed=0, warmup_steps=1, residual_ratio=0.01)
+    assert stream.numel == 64 * 128 + 128 + 128 * 10 + 10
+    first = stream.take(25_000)  # three steps of 9,610 parameters
+    assert first.shape == (25_000,) and len(stream.history) == 3
+    second = stream.take(25_000)  # one new step, the oldest dropped
+    assert torch.equal(second[:25_000 - stream.numel], first[stream.numel:])
+    # the captured vector is g + e: what Top-k did not send is carried over
+    assert float(stream.residual.abs().sum()) > 0
+
+
+def test_synthetic_sources_and_quality_band():
+    t = synthetic("student_t:3", 100_000, 0)
+    assert t.dtype == torch.float32 and 1.4 < float(t.var()) < 4.0  # var 3 (heavy tails)
+    assert torch.equal(t, synthetic("student_t", 100_000, 0))
+    band = quality_band([5.0, 5.0, 1.0, 0.9, 1.1, 1.0])  # the second half only
+    assert band["quality"] == 1.0 and band["quality_p5"] < 1.0 < band["quality_p95"]

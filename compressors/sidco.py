@@ -1,0 +1,384 @@
+"""SIDCo: sparsification by fitting a sparsity-inducing distribution to |g| (Abdelmoniem et
+al., "An Efficient Statistical-based Gradient Compression Technique for Distributed Training
+Systems", MLSys 2021), as resolved by the sparsifier spec, Sec. 4.
+
+The threshold for density rho is the (1 - rho) quantile of the fitted model of |g|:
+
+- exponential (Laplace g), Eq. (7): beta = mean(y) (the MLE), t = beta ln(1/rho);
+- gamma, Eqs. (13)-(15): Minka's shape estimate, closed form -ln rho - ln Gamma(alpha) where
+  it is valid (alpha <= 1 and x >= 1), else the exact quantile;
+- generalized Pareto (GP), Eqs. (32)-(35): moment estimates, t = (beta/alpha) expm1(-alpha ln rho).
+
+Multi-stage peaks-over-threshold (Sec. 2.3, spec 4.2): stage 1 fits all nonzero magnitudes at
+density delta_1 = 0.25; each later stage refits only the exceedances of the previous threshold,
+shifted by it: eta_m = eta_{m-1} + t(E - eta_{m-1}, rho_m). The number of stages M adapts
+every Q steps (Algorithm 1, with the bidirectional rule of spec 4.3) and the guards G1-G7 of
+spec 4.4 handle zeros, tiny tensors and degenerate fits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from scipy import special
+
+from grace.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
+from grace.exceedance import Moments, above, moments, rounded, select
+from grace.registry import COMPRESSORS
+from grace.validation import ConfigError, check_choice, check_range
+
+VARIANTS = {  # variant: (stage-1 model, model of the later stages)
+    "sidco_e": ("exponential", "exponential"),
+    "sidco_gamma_gp": ("gamma", "gp"),
+    "sidco_gp": ("gp", "gp"),
+}
+ADAPT_DEFAULTS = {"rule": "bidirectional", "interval": 5, "tolerance": 0.2, "scope": "tensor"}
+EXACT_BELOW = 64  # G6: exceedance sets smaller than this are resolved exactly
+
+
+# -- the models: quantile formulas and estimators -------------------------------------------
+def exponential_quantile(beta: float, rho: float) -> float:
+    """(1 - rho) quantile of Exp(beta): beta ln(1/rho) (Eq. 7)."""
+    return beta * math.log(1.0 / rho)
+
+
+def gp_quantile(alpha: float, beta: float, rho: float) -> float:
+    """(1 - rho) quantile of GP(alpha, beta), CDF 1 - (1 + alpha y / beta)^(-1/alpha):
+    (beta/alpha) expm1(-alpha ln rho); the exponential limit for |alpha| < 1e-4."""
+    if abs(alpha) < 1e-4:
+        return exponential_quantile(beta, rho)
+    return beta / alpha * math.expm1(-alpha * math.log(rho))
+
+
+def gamma_quantile(alpha: float, beta: float, rho: float, method: str = "closed_form") -> float:
+    """(1 - rho) quantile of Gamma(alpha, scale beta). ``closed_form`` uses the paper's bound
+    x = -ln rho - ln Gamma(alpha) (Eq. 15) where it holds (alpha <= 1 and x >= 1), the exact
+    inverse of the regularized incomplete gamma function elsewhere; ``exact`` always does."""
+    if method == "closed_form" and alpha <= 1.0:
+        x = -math.log(rho) - math.lgamma(alpha)
+        if x >= 1.0:
+            return beta * x
+    return beta * float(special.gammainccinv(alpha, rho))
+
+
+def fit_gp(count: int, s1: float, s2: float) -> tuple[float, float] | None:
+    """Moment estimates (alpha, beta) of a GP from the sums of y and y^2 (Eqs. 32, 35: mean
+    beta/(1-alpha), variance beta^2/((1-alpha)^2 (1-2 alpha))); None if the variance is 0."""
+    mean = s1 / count
+    var = s2 / count - mean * mean
+    if not var > 0.0:
+        return None
+    r = mean * mean / var
+    return (1.0 - r) / 2.0, mean * (1.0 + r) / 2.0
+
+
+def fit_gamma(count: int, s1: float, log_sum: float, newton: int = 0) -> tuple[float, float] | None:
+    """Gamma (alpha, beta) from mean(y) and mean(ln y): Minka's approximation
+    alpha = (3 - s + sqrt((s-3)^2 + 24 s)) / (12 s), s = ln mean(y) - mean(ln y), refined by
+    `newton` generalized Newton steps on ln alpha - psi(alpha) = s; None if s <= 1e-12."""
+    mean = s1 / count
+    s = math.log(mean) - log_sum / count
+    if not s > 1e-12:
+        return None
+    alpha = (3.0 - s + math.sqrt((s - 3.0) ** 2 + 24.0 * s)) / (12.0 * s)
+    for _ in range(newton):  # Minka (2002), Eq. 5
+        residual = math.log(alpha) - float(special.digamma(alpha)) - s
+        slope = alpha * alpha * (1.0 / alpha - float(special.polygamma(1, alpha)))
+        alpha = 1.0 / (1.0 / alpha + residual / slope)
+    return alpha, mean / alpha
+
+
+def log_magnitude_sum(x: torch.Tensor) -> float:
+    """Sum of ln|x| over the nonzeros (zeros count as ln 1 = 0), in chunks of 2^20 elements
+    summed in the tensor's precision and accumulated in float64 (no full-size temporary)."""
+    total = 0.0
+    for chunk in x.split(1 << 20):
+        a = chunk.abs()
+        total += float(a.masked_fill_(a == 0, 1.0).log_().sum())
+    return total
+
+
+def stage_bound(ratio: float, first_stage_ratio: float) -> int:
+    """M_max = ceil(log2(1/delta)), 1 when delta >= delta_1 (spec 4.2)."""
+    return 1 if ratio >= first_stage_ratio else max(1, math.ceil(math.log2(1.0 / ratio)))
+
+
+# -- stage adaptation ------------------------------------------------------------------------
+class StageAdapter:
+    """Adapts the number of stages M from the windowed mean of k_hat / k (spec 4.3).
+
+    ``paper``: every Q samples, M - 1 if r > 1 + eps, M + 1 if r < 1 - eps (Algorithm 1).
+    ``bidirectional``: the first move follows the paper's guess, later moves keep their
+    direction while the error shrinks and reverse when it grows; moves reflect at the bounds;
+    a local optimum (both neighbours recently worse) holds M for 4 windows.
+    ``off``: M stays where it was set."""
+
+    def __init__(self, rule: str, interval: int, tolerance: float, m_max: int,
+                 stages: int = 1) -> None:
+        self.rule, self.interval, self.tolerance = rule, interval, tolerance
+        self.m_max = m_max
+        self.stages = min(max(1, stages), m_max)
+        self.last_move = 0
+        self.prev_err: float | None = None
+        self.hold = 0
+        self.window: list[float] = []
+        self.seen: dict[int, tuple[float, int]] = {}  # M -> (error, window id)
+        self.windows = 0
+
+    def observe(self, quality: float) -> None:
+        if self.rule == "off" or self.m_max == 1:
+            return
+        self.window.append(quality)
+        if len(self.window) < self.interval:
+            return
+        r = sum(self.window) / len(self.window)
+        self.window = []
+        if self.rule == "paper":
+            if r > 1.0 + self.tolerance:
+                self.stages = max(1, self.stages - 1)
+            elif r < 1.0 - self.tolerance:
+                self.stages = min(self.m_max, self.stages + 1)
+            return
+        self._bidirectional(r)
+
+    def _bidirectional(self, r: float) -> None:
+        m, err, wid = self.stages, abs(r - 1.0), self.windows
+        self.windows += 1
+        self.seen[m] = (err, wid)
+        if err <= self.tolerance or self.hold > 0:
+            self.hold = max(0, self.hold - 1)
+            self.last_move, self.prev_err = 0, err
+            return
+        if self.last_move == 0:
+            direction = 1 if r < 1.0 else -1
+        elif self.prev_err is not None and err < self.prev_err:
+            direction = self.last_move
+        else:
+            direction = -self.last_move
+        neighbours = [n for n in (m - 1, m + 1) if 1 <= n <= self.m_max]
+        if all(n in self.seen and wid - self.seen[n][1] < 2 * self.m_max
+               and self.seen[n][0] > err for n in neighbours):
+            self.hold, self.last_move, self.prev_err = 3, 0, err
+            return
+        target = m + direction
+        if not 1 <= target <= self.m_max:
+            target = m - direction
+        target = min(max(1, target), self.m_max)
+        self.last_move, self.prev_err, self.stages = target - m, err, target
+
+    def reset(self, m_max: int) -> None:
+        """The density changed: clear the window, forget the last move, clamp M."""
+        self.m_max = m_max
+        self.window, self.last_move = [], 0
+        self.stages = min(self.stages, m_max)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"m_max": self.m_max, "stages": self.stages, "last_move": self.last_move,
+                "prev_err": self.prev_err, "hold": self.hold, "window": list(self.window),
+                "seen": [[m, e, w] for m, (e, w) in self.seen.items()], "windows": self.windows}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.m_max, self.stages = int(state["m_max"]), int(state["stages"])
+        self.last_move, self.hold = int(state["last_move"]), int(state["hold"])
+        self.prev_err = None if state["prev_err"] is None else float(state["prev_err"])
+        self.window = [float(q) for q in state["window"]]
+        self.seen = {int(m): (float(e), int(w)) for m, e, w in state["seen"]}
+        self.windows = int(state["windows"])
+
+
+# -- the compressor --------------------------------------------------------------------------
+@COMPRESSORS.register("sidco")
+class SIDCo(ThresholdSparsifier):
+    """SIDCo-E (``variant: sidco_e``), gamma -> GP (``sidco_gamma_gp``) and multi-stage GP
+    (``sidco_gp``) threshold sparsification; see the module docstring and docs/sparsifiers.md.
+
+    Options beyond the spec's names: ``stages`` is the initial (with ``adapt.rule: off`` the
+    fixed) number of stages; ``gamma_newton`` the Newton steps refining the gamma shape;
+    ``exclude_zeros`` (G4) fits the nonzeros only (always for gamma); ``min_numel`` sends
+    tensors smaller than this by exact Top-k (G3, besides d < 1/ratio); ``max_overshoot`` c
+    trims a selection above c k to its exact top k (G7)."""
+
+    def __init__(self, ratio: float = 0.001, variant: str = "sidco_e",
+                 first_stage_ratio: float = 0.25, stages: int = 1, stage_ratio: str = "fixed",
+                 adapt: Mapping[str, Any] | None = None, gamma_quantile: str = "closed_form",
+                 gamma_newton: int = 0, gp_negative_shape: str = "exp",
+                 exclude_zeros: bool = True, min_numel: int = 0,
+                 max_overshoot: float | None = None, nonfinite: str = "raise",
+                 backend: str = "auto", warmup_epochs: int = 0,
+                 warmup_ratios: list[float] | None = None) -> None:
+        super().__init__(ratio, backend=backend, nonfinite=nonfinite,
+                         warmup_epochs=warmup_epochs, warmup_ratios=warmup_ratios)
+        label = self.label
+        self.variant = check_choice(variant, VARIANTS, label, "variant")
+        self.first_model, self.later_model = VARIANTS[variant]
+        self.first_stage_ratio = float(check_range(first_stage_ratio, label, "first_stage_ratio",
+                                                   0.0, 1.0, low_open=True, high_open=True))
+        self.initial_stages = check_range(stages, label, "stages", 1, integer=True)
+        self.stage_ratio = check_choice(stage_ratio, ("fixed", "count_corrected"), label,
+                                        "stage_ratio")
+        self.adapt = self._adapt_options(adapt)
+        self.gamma_quantile = check_choice(gamma_quantile, ("closed_form", "exact"), label,
+                                           "gamma_quantile")
+        self.gamma_newton = check_range(gamma_newton, label, "gamma_newton", 0, integer=True)
+        self.gp_negative_shape = check_choice(gp_negative_shape, ("exp", "keep"), label,
+                                              "gp_negative_shape")
+        self.exclude_zeros = bool(exclude_zeros) or self.first_model == "gamma"
+        self.min_numel = check_range(min_numel, label, "min_numel", 0, integer=True)
+        self.max_overshoot = None if max_overshoot is None else float(
+            check_range(max_overshoot, label, "max_overshoot", 1.0))
+        self.adapters: dict[str, StageAdapter] = {}
+        self.pool = [0.0, 0.0]  # scope global: this step's sums of k_hat and k
+        self.anchor: str | None = None  # scope global: the first tensor of every step
+
+    def _adapt_options(self, adapt: Mapping[str, Any] | None) -> dict[str, Any]:
+        options = dict(ADAPT_DEFAULTS)
+        for key, value in dict(adapt or {}).items():
+            if key not in ADAPT_DEFAULTS:
+                raise ConfigError(f"{self.label}: unknown option 'adapt.{key}'; allowed: "
+                                  f"{', '.join(ADAPT_DEFAULTS)}")
+            options[key] = value
+        check_choice(options["rule"], ("bidirectional", "paper", "off"), self.label, "adapt.rule")
+        options["interval"] = check_range(options["interval"], self.label, "adapt.interval", 1,
+                                          integer=True)
+        options["tolerance"] = float(check_range(options["tolerance"], self.label,
+                                                 "adapt.tolerance", 0.0))
+        check_choice(options["scope"], ("tensor", "global"), self.label, "adapt.scope")
+        return options
+
+    # -- adaptation state ---------------------------------------------------------------------
+    @property
+    def m_max(self) -> int:
+        return stage_bound(self.ratio, self.first_stage_ratio)
+
+    def adapter(self, name: str) -> StageAdapter:
+        """The stage state of tensor `name` (one shared state with ``adapt.scope: global``)."""
+        key = name if self.adapt["scope"] == "tensor" else "*"
+        if key not in self.adapters:
+            self.adapters[key] = StageAdapter(self.adapt["rule"], self.adapt["interval"],
+                                              self.adapt["tolerance"], self.m_max,
+                                              self.initial_stages)
+        return self.adapters[key]
+
+    def observe(self, name: str, k_hat: int, k: int) -> None:
+        """Feed one estimated tensor's k_hat / k to its adapter; with global scope, pool the
+        step's sums and feed them when the step's first tensor comes round again."""
+        if self.adapt["scope"] == "tensor":
+            self.adapter(name).observe(k_hat / k)
+            return
+        self.pool[0] += k_hat
+        self.pool[1] += k
+
+    def step_boundary(self, name: str) -> None:
+        if self.adapt["scope"] != "global":
+            return
+        if self.anchor is None:
+            self.anchor = name
+        elif name == self.anchor:
+            if self.pool[1] > 0:
+                self.adapter(name).observe(self.pool[0] / self.pool[1])
+            self.pool = [0.0, 0.0]
+
+    def ratio_changed(self) -> None:
+        for adapter in self.adapters.values():
+            adapter.reset(self.m_max)
+
+    # -- one tensor ------------------------------------------------------------------------
+    def estimate(self, x: torch.Tensor, k: int, name: str) -> Selection:
+        self.step_boundary(name)
+        d = x.numel()
+        first = moments(x, 0.0, self.backend)
+        if not first.finite:  # G1 (a NaN/Inf makes the sums non-finite)
+            return self.nonfinite_input(x, name)
+        if first.count == 0:  # G2
+            return empty_selection(x)
+        if first.count <= k:  # G4: at most k nonzeros, send them all
+            return Selection(select(x, above(0.0, x.dtype), self.backend, first.count),
+                             threshold=0.0, fallback="nonzeros")
+        if d < math.ceil(1.0 / self.ratio) or d < self.min_numel:  # G3
+            return exact_topk(x, k)
+        stages = self.adapter(name).stages
+        eta, used, exact = self.threshold(x, first, k, stages)
+        if exact is not None:
+            self.observe(name, exact.indices.numel(), k)
+            return exact
+        if not (math.isfinite(eta) and eta > 0.0):  # G7: degenerate fit
+            return exact_topk(x, k, fallback="degenerate")
+        indices = select(x, eta, self.backend, expected=k)
+        k_hat = indices.numel()
+        self.observe(name, k_hat, k)
+        fallback = None
+        if k_hat == 0:  # G7: nothing reached the threshold
+            indices, fallback = x.abs().argmax().view(1), "argmax"
+        elif self.max_overshoot is not None and k_hat > self.max_overshoot * k:
+            top = torch.topk(x.index_select(0, indices).abs(), k, sorted=False).indices
+            indices, fallback = indices[top], "overshoot"
+        return Selection(indices, threshold=eta, stages=used, fallback=fallback)
+
+    def threshold(self, x: torch.Tensor, first: Moments, k: int, stages: int
+                  ) -> tuple[float, int, Selection | None]:
+        """(eta, stages used, exact selection if a guard resolved the tensor exactly)."""
+        d = x.numel()
+        n = first.count if self.exclude_zeros else d
+        density = min(1.0, self.ratio * d / n)  # G4: delta' over the nonzeros
+        delta1 = self.first_stage_ratio
+        single = stages == 1 or density >= delta1
+        t = self.first_threshold(x, Moments(n, first.s1, first.s2),
+                                 density if single else delta1)
+        if t is None:  # G4: degenerate gamma fit (constant magnitudes)
+            return math.nan, 1, exact_topk(x, k, fallback="gamma")
+        eta = rounded(t, x.dtype)
+        if single:
+            return eta, 1, None
+        rho = (density / delta1) ** (1.0 / (stages - 1))
+        used = 1
+        for m in range(2, stages + 1):
+            exceed = moments(x, eta, self.backend)
+            if exceed.count <= k:  # G5/G6: keep eta
+                break
+            if exceed.count < EXACT_BELOW:  # G6: exact inside the small exceedance set
+                idx = select(x, above(eta, x.dtype), self.backend, exceed.count)
+                top = torch.topk(x.index_select(0, idx).abs(), k, sorted=False)
+                kth = float(top.values.min())
+                return kth, m, Selection(idx[top.indices], kth, m, fallback="exact")
+            if self.stage_ratio == "count_corrected":
+                rho = min(1.0, (k / exceed.count) ** (1.0 / (stages - m + 1)))
+            eta = rounded(eta + self.tail_threshold(self.later_model, exceed, rho), x.dtype)
+            used = m
+        return eta, used, None
+
+    def first_threshold(self, x: torch.Tensor, m: Moments, rho: float) -> float | None:
+        """Stage 1: the first model fitted to all (nonzero) magnitudes; None when the gamma
+        fit degenerates (s <= 1e-12)."""
+        if self.first_model != "gamma":
+            return self.tail_threshold(self.first_model, m, rho)
+        params = fit_gamma(m.count, m.s1, log_magnitude_sum(x), self.gamma_newton)
+        return None if params is None else gamma_quantile(*params, rho, self.gamma_quantile)
+
+    def tail_threshold(self, model: str, m: Moments, rho: float) -> float:
+        """Exponential or GP threshold fitted to the (shifted) exceedances summarised by `m`."""
+        mean = m.s1 / m.count
+        params = fit_gp(m.count, m.s1, m.s2) if model == "gp" else None
+        if params is None:  # exponential, or a GP with zero variance
+            return exponential_quantile(mean, rho)
+        alpha, beta = params
+        if abs(alpha) < 1e-4 or (alpha < 0.0 and not (self.gp_negative_shape == "keep"
+                                                      and alpha > -0.5)):
+            return exponential_quantile(mean, rho)
+        return gp_quantile(alpha, beta, rho)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "pool": list(self.pool), "anchor": self.anchor,
+                "adapters": {n: a.state_dict() for n, a in self.adapters.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.pool = [float(v) for v in state["pool"]]
+        self.anchor = state["anchor"]
+        self.adapters = {}
+        for name, adapter_state in state["adapters"].items():
+            self.adapter(name if self.adapt["scope"] == "tensor" else "*").load_state_dict(
+                adapter_state)

@@ -1,0 +1,103 @@
+"""Deep Gradient Compression's memory (Lin et al., ICLR 2018, Sec. 3.2-3.3; sparsifier spec
+Sec. 3.2): momentum correction, momentum factor masking and local gradient clipping.
+
+    compensate(g):  g = g min(1, c / (||g|| + 1e-6)),  c = clip_norm N^(-1/2)   (if clipping)
+                    u = m u + g                    (momentum correction)
+                    v = v + u                      (Nesterov: v = v + g + m u)
+                    return v
+    update:         u[sent] = 0;  v[sent] = 0     (momentum factor masking)
+                    v = 0 and u kept when the whole tensor was sent (dense transmission:
+                    exact heavy-ball momentum, as LGC's dense layers and warm-up need)
+
+The momentum lives here, so the optimizer must run with momentum 0, and weight decay must be
+added to g before `compensate`: `replaces_optimizer_momentum` tells trainers so
+(`experiments.train` does both and logs it). With ``clip_scope: model`` (DGC's choice) every
+tensor is scaled by the same factor from the norm of all local gradients, which the trainer
+supplies with `set_local_norm` before the exchange; ``tensor`` clips each tensor by its own
+norm. With m = 0 and no clipping this memory equals residual memory exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from grace.compressor import Compressor, Payload
+from grace.memory import Memory
+from grace.registry import MEMORIES
+from grace.validation import ConfigError, check_choice, check_range
+
+
+@MEMORIES.register("dgc")
+class DGCMemory(Memory):
+    replaces_optimizer_momentum: ClassVar[bool] = True
+
+    def __init__(self, momentum: float = 0.9, nesterov: bool = False,
+                 clip_norm: float | None = None, clip_scope: str = "model") -> None:
+        super().__init__()
+        self.momentum = float(check_range(momentum, self.label, "momentum", 0.0, 1.0,
+                                          high_open=True))
+        self.nesterov = bool(nesterov)
+        self.clip_norm = None if clip_norm is None else float(
+            check_range(clip_norm, self.label, "clip_norm", 0.0, low_open=True))
+        self.clip_scope = check_choice(clip_scope, ("model", "tensor"), self.label, "clip_scope")
+        self.local_norm: float | None = None
+        self.u: dict[str, torch.Tensor] = {}
+        self.v: dict[str, torch.Tensor] = {}
+
+    @property
+    def needs_local_norm(self) -> bool:
+        """Whether the trainer must call `set_local_norm` before every exchange."""
+        return self.clip_norm is not None and self.clip_scope == "model"
+
+    def set_local_norm(self, norm: float) -> None:
+        self.local_norm = float(norm)
+
+    def clip(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """Scale `tensor` so that the local norm is at most clip_norm / sqrt(N)."""
+        assert self.clip_norm is not None
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if self.clip_scope == "tensor":
+            norm = float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
+        elif self.local_norm is None:
+            raise ConfigError(f"{self.label}: clip_scope 'model' needs the norm of all local "
+                              "gradients before each exchange: call memory.set_local_norm(norm) "
+                              "(experiments.train does) or use clip_scope=tensor "
+                              f"(tensor '{name}')")
+        else:
+            norm = self.local_norm
+        factor = self.clip_norm / math.sqrt(world) / (norm + 1e-6)
+        return tensor * factor if factor < 1.0 else tensor
+
+    def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        g = tensor if self.clip_norm is None else self.clip(tensor, name)
+        u, v = self.u.get(name), self.v.get(name)
+        if u is None or v is None or u.shape != g.shape:
+            u, v = torch.zeros_like(g), torch.zeros_like(g)
+            self.u[name], self.v[name] = u, v
+        u.mul_(self.momentum).add_(g)
+        if self.nesterov:
+            v.add_(g).add_(u, alpha=self.momentum)
+        else:
+            v.add_(u)
+        return v
+
+    def update(self, tensor: torch.Tensor, name: str, compressor: Compressor,
+               payload: Payload, ctx: Any) -> None:
+        u, v = self.u[name].view(-1), self.v[name].view(-1)
+        sent = compressor.transmitted(payload, ctx)
+        if bool(sent.all()):  # dense transmission: nothing left to accumulate
+            v.zero_()
+            return
+        u[sent] = 0
+        v[sent] = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"u": dict(self.u), "v": dict(self.v), "local_norm": self.local_norm}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.u, self.v = dict(state["u"]), dict(state["v"])
+        self.local_norm = state["local_norm"]
