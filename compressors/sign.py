@@ -1,0 +1,196 @@
+"""Sign methods: one bit per element (the sign plane, packed LSB-first, bit set for x < 0)
+plus the method's scale(s).
+
+- ``signsgd`` (Bernstein et al. 2018, Alg. 1 / majority vote Alg. 3): sign(g), no scale;
+  the aggregate is the majority vote sign(sum_r sign(g_r)) (0 on a tie).
+- ``signum`` (Bernstein et al. 2018, Alg. 3): sign of the momentum m = beta m + (1 - beta) g,
+  kept per tensor; majority vote.
+- ``efsignsgd`` (Karimireddy et al. 2019, Alg. 1, EF-SIGNSGD): (||p||_1 / d) sign(p) of the
+  error-compensated p = lr g + e (memory ``efsignsgd``); the mean over ranks is divided by
+  the memory's `lr`, so the optimiser's step lr * (that) is the paper's update. One float32
+  scale.
+- ``onebit`` (Seide et al. 2014, 1-bit SGD): the mean of the negative and of the non-negative
+  elements as the two reconstruction values, with error feedback (residual memory). Two
+  float32 scales.
+
+Payload bytes for n elements: ceil(n/8) + 4 * (number of scales).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from grace.compressor import Compressor, Payload, TensorInfo
+from grace.registry import COMPRESSORS
+from grace.stochastic import kernels_enabled, use_kernels
+from grace.validation import PayloadError, check_range, expect_payload
+from grace.wire import pack_bits, packed_nbytes, unpack_bits
+
+
+class SignCompressor(Compressor):
+    """Sign plane + `num_scales` float32 scales; subclasses choose the scales and the values
+    the two signs decode to."""
+
+    fixed_size = True
+    default_communicator = "allgather"
+    num_scales = 0
+
+    def signal(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """The tensor whose signs are sent (Signum's momentum)."""
+        return x
+
+    def scales(self, x: torch.Tensor, stats: SignStats) -> torch.Tensor:
+        """The `num_scales` scales of the 1-D `x` (sent as float32)."""
+        return x.new_empty(0)
+
+    def values(self, scales: torch.Tensor) -> torch.Tensor:
+        """The values a negative and a non-negative element decode to, as a 2-element tensor
+        on the payload's device."""
+        return torch.tensor([-1.0, 1.0], device=scales.device)
+
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
+        x = self.signal(tensor.detach().reshape(-1), name)
+        signs, stats = sign_plane(x, stats=self.num_scales > 0)
+        if stats is None:
+            return (signs,), TensorInfo.of(tensor)
+        return (signs, self.scales(x, stats).to(torch.float32)), TensorInfo.of(tensor)
+
+    def check(self, payload: Payload, ctx: TensorInfo) -> None:
+        """Raise `PayloadError` unless `payload` has this method's layout for `ctx`."""
+        if len(payload) != (2 if self.num_scales else 1):
+            raise PayloadError(f"{self.label} payload has {len(payload)} tensors")
+        expect_payload(payload[0], packed_nbytes(ctx.numel, 1), torch.uint8, "sign plane")
+        if self.num_scales:
+            expect_payload(payload[1], self.num_scales, torch.float32, "sign scales")
+
+    def negatives(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        """The sign plane of a payload as bool."""
+        self.check(payload, ctx)
+        return unpack_bits(payload[0], ctx.numel)
+
+    def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        self.check(payload, ctx)
+        signs = payload[0]
+        scales = payload[1] if self.num_scales else signs.new_empty(0, dtype=torch.float32)
+        low, high = self.values(scales).tolist()
+        if ctx.dtype == torch.float32 and kernels_enabled(signs.device):
+            from grace.kernels import unpack_signs
+
+            out = torch.from_numpy(unpack_signs(signs.numpy(), ctx.numel, low, high))
+        else:
+            out = torch.where(unpack_bits(signs, ctx.numel), low, high).to(ctx.dtype)
+        return out.view(ctx.shape)
+
+
+@dataclass(frozen=True)
+class SignStats:
+    """What the scales need: the number of negative-signed elements, the (float64) sum of
+    the negative elements and the sum of |x|."""
+
+    negatives: int
+    negative_sum: float
+    abs_sum: float
+
+
+def sign_plane(x: torch.Tensor, stats: bool = False) -> tuple[torch.Tensor, SignStats | None]:
+    """(packed sign bits of the 1-D `x`, set where the sign bit is, -0.0 included; and with
+    `stats` its `SignStats`)."""
+    if use_kernels(x):
+        from grace.kernels import pack_signs
+
+        signs, count, negative_sum, abs_sum = pack_signs(x.numpy(), stats)
+        return torch.from_numpy(signs), SignStats(count, negative_sum, abs_sum) if stats else None
+    negative = torch.signbit(x)
+    if not stats:
+        return pack_bits(negative), None
+    wide = x.double()
+    return pack_bits(negative), SignStats(int(negative.sum()), float(wide.clamp(max=0).sum()),
+                                          float(wide.abs().sum()))
+
+
+class MajorityVote(SignCompressor):
+    """Unscaled signs aggregated by majority vote (the update is sign(sum of signs))."""
+
+    def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
+        votes = torch.zeros(ctx.numel, dtype=torch.int32, device=payloads[0][0].device)
+        for payload in payloads:
+            votes += self.negatives(payload, ctx)
+        # len(payloads) - 2 * negatives = sum of the +-1 votes
+        return torch.sign(len(payloads) - 2 * votes).to(ctx.dtype).view(ctx.shape)
+
+
+@COMPRESSORS.register("signsgd")
+class SignSGD(MajorityVote):
+    """signSGD with majority vote; use a small learning rate (the update is +-lr)."""
+
+
+@COMPRESSORS.register("signum")
+class Signum(MajorityVote):
+    """Signum: majority vote on the signs of the local momentum (kept per tensor). The
+    momentum lives here, so trainers run the optimizer without momentum
+    (`replaces_optimizer_momentum`)."""
+
+    replaces_optimizer_momentum: ClassVar[bool] = True
+
+    def __init__(self, momentum: float = 0.9) -> None:
+        super().__init__()
+        self.momentum = float(check_range(momentum, self.label, "momentum", 0.0, 1.0,
+                                          high_open=True))
+        self.momentums: dict[str, torch.Tensor] = {}
+
+    def signal(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        m = self.momentums.get(name)
+        if m is None or m.shape != x.shape:
+            m = self.momentums[name] = x.clone()
+        else:
+            m.lerp_(x, 1.0 - self.momentum)  # beta m + (1 - beta) g, in place
+        return m
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"momentums": dict(self.momentums)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.momentums = dict(state["momentums"])
+
+
+@COMPRESSORS.register("efsignsgd")
+class EFSignSGD(SignCompressor):
+    """Scaled sign (||p||_1 / d) sign(p). The aggregate is divided by `lr`, which the
+    ``efsignsgd`` memory sets to its own learning rate when the pipeline is built (1 with any
+    other memory: plain error feedback in gradient units)."""
+
+    default_memory = "efsignsgd"
+    num_scales = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lr = 1.0
+
+    def scales(self, x: torch.Tensor, stats: SignStats) -> torch.Tensor:
+        return torch.tensor([stats.abs_sum / max(1, x.numel())], device=x.device)
+
+    def values(self, scales: torch.Tensor) -> torch.Tensor:
+        return torch.cat([-scales, scales])
+
+    def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
+        return super().aggregate(payloads, ctx).div_(self.lr)
+
+
+@COMPRESSORS.register("onebit")
+class OneBit(SignCompressor):
+    """1-bit SGD: each sign decodes to the mean of the elements that share it."""
+
+    default_memory = "residual"
+    num_scales = 2
+
+    def scales(self, x: torch.Tensor, stats: SignStats) -> torch.Tensor:
+        positive_sum = stats.abs_sum + stats.negative_sum
+        return torch.tensor([stats.negative_sum / max(1, stats.negatives),
+                             positive_sum / max(1, x.numel() - stats.negatives)], device=x.device)
+
+    def values(self, scales: torch.Tensor) -> torch.Tensor:
+        return scales

@@ -1,0 +1,347 @@
+"""Numba kernels: the optional CPU fast paths of the quantisers (needs numba, the ``fast``
+extra). Each has a torch implementation elsewhere that gives the same bits; callers pick
+the kernel for contiguous float32 CPU tensors when numba is importable.
+
+- the counter generator of `grace.stochastic` (`hash_array`, `uniform_array`);
+- sign planes (`pack_signs`, `unpack_signs`), as `grace.wire.pack_bits(x < 0)` would write;
+- natural compression fused with its 9-bit wire format (`nat9_encode`, `nat9_decode`);
+- dithering fused with its wire format (`dither_encode`, `dither_decode`): scale, draw,
+  round, and write the sign plane and the b-bit level plane (LSB-first) in one pass.
+
+Why kernels: on CPU every torch temporary of a 26M-element tensor costs a pass over memory
+plus fresh pages, and the random numbers dominate; a fused pass reads the input once and
+writes only the packed output.
+
+Threads: a tensor of at least `PARALLEL_MIN` elements is split into `torch.get_num_threads()`
+parts (whole groups of 8 elements) run by Python threads on the GIL-free kernels, so the
+kernels use the threads torch uses (one per rank when several ranks share a machine).
+numba's own thread pool (``prange``) is not used: next to torch's OpenMP threads, which spin
+after every torch operation, it made the fused pass 3x slower on the 2-core test machine.
+Results do not depend on the split: element i always draws mix(i, key). Inside a kernel a
+plain loop over an array slice, counting from 0, lets LLVM vectorise the hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numba
+import numpy as np
+import torch
+
+U32, U64, U8, F32 = np.uint32, np.uint64, np.uint8, np.float32
+PARALLEL_MIN = 1 << 20
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _split(n: int, kernel: Callable[..., Any], args: Callable[[int, int], tuple]) -> list[Any]:
+    """Results of kernel(*args(lo, hi)) over parts [lo, hi) covering [0, n), lo a multiple
+    of 8, one part per torch thread (one part below `PARALLEL_MIN`)."""
+    threads = torch.get_num_threads()
+    if n < PARALLEL_MIN or threads == 1:
+        return [kernel(*args(0, n))]
+    pool = _POOLS.get(threads)
+    if pool is None:
+        pool = _POOLS[threads] = ThreadPoolExecutor(threads, "gracecomm-kernel")
+    per = ((n + threads - 1) // threads + 7) // 8 * 8
+    futures = [pool.submit(kernel, *args(lo, min(n, lo + per))) for lo in range(0, n, per)]
+    return [f.result() for f in futures]
+
+
+@numba.njit(inline="always")
+def _mix(i, k1, k2):  # pragma: no cover - compiled
+    x = U32(i) ^ k1
+    x = U32(x * U32(0x9E3779B1))
+    x = U32(x ^ (x >> U32(16)))
+    x = U32(x + k2)
+    x = U32(x * U32(0x85EBCA6B))
+    x = U32(x ^ (x >> U32(13)))
+    x = U32(x * U32(0xC2B2AE35))
+    return U32(x ^ (x >> U32(16)))
+
+
+def _keys(key: int) -> tuple[np.uint32, np.uint32]:
+    return U32(key & 0xFFFFFFFF), U32((key >> 32) & 0xFFFFFFFF)
+
+
+# -- counter generator --------------------------------------------------------------------
+@numba.njit(cache=True, nogil=True)
+def _hash(out, start, k1, k2, uniform):  # pragma: no cover - compiled
+    if uniform:
+        for k in range(out.size):
+            out[k] = F32(_mix(U32(k) + U32(start), k1, k2) >> U32(8)) * F32(2.0**-24)
+    else:
+        for k in range(out.size):
+            out[k] = _mix(U32(k) + U32(start), k1, k2)
+
+
+def _fill(n: int, key: int, uniform: bool) -> np.ndarray:
+    out = np.empty(n, dtype=np.float32 if uniform else np.uint32)
+    k1, k2 = _keys(key)
+    _split(n, _hash, lambda lo, hi: (out[lo:hi], lo, k1, k2, uniform))
+    return out
+
+
+def hash_array(n: int, key: int) -> np.ndarray:
+    """mix(i, key) for i in [0, n) as uint32."""
+    return _fill(n, key, False)
+
+
+def uniform_array(n: int, key: int) -> np.ndarray:
+    """(mix(i, key) >> 8) * 2**-24 for i in [0, n) as float32."""
+    return _fill(n, key, True)
+
+
+# -- sign planes --------------------------------------------------------------------------
+@numba.njit(inline="always")
+def _pack_sign_bits(bits, signs):  # pragma: no cover - compiled
+    """Sign bits of the float32 patterns `bits` into `signs` (LSB-first); returns the number
+    of set bits. Two patterns per uint64 word: sign bits at 31 and 63."""
+    groups = bits.size // 8
+    words = bits[:8 * groups].view(np.uint64)
+    count = 0
+    for j in range(groups):
+        s = U64(0)
+        for q in range(4):
+            w = words[4 * j + q]
+            s |= ((w >> U64(31 - 2 * q)) & U64(1 << 2 * q)) | (
+                (w >> U64(62 - 2 * q)) & U64(2 << 2 * q))
+        signs[j] = U8(s)
+        count += _popcount8(s)
+    if bits.size > 8 * groups:
+        s = U64(0)
+        for lane in range(bits.size - 8 * groups):
+            s |= U64(bits[8 * groups + lane] >> U32(31)) << U64(lane)
+        signs[groups] = U8(s)
+        count += _popcount8(s)
+    return count
+
+
+@numba.njit(inline="always")
+def _popcount8(s):  # pragma: no cover - compiled
+    s = s - ((s >> U64(1)) & U64(0x55))
+    s = (s & U64(0x33)) + ((s >> U64(2)) & U64(0x33))
+    return int((s + (s >> U64(4))) & U64(0x0F))
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})
+def _sign_sums(x):  # pragma: no cover - compiled
+    """float64 sums of the negative elements and of |x| (reassociated: vectorised)."""
+    negative, absolute = 0.0, 0.0
+    for k in range(x.size):
+        negative += min(np.float64(x[k]), 0.0)
+        absolute += abs(np.float64(x[k]))
+    return negative, absolute
+
+
+@numba.njit(cache=True, nogil=True)
+def _signs(x, signs, sums):  # pragma: no cover - compiled
+    count = _pack_sign_bits(x.view(np.uint32), signs)
+    if sums:
+        negative, absolute = _sign_sums(x)
+        return count, negative, absolute
+    return count, 0.0, 0.0
+
+
+def pack_signs(x: np.ndarray, sums: bool) -> tuple[np.ndarray, int, float, float]:
+    """(sign plane of float32 `x`, number of set sign bits, and with `sums` the float64 sums
+    of the negative elements and of |x|; else 0.0, 0.0)."""
+    signs = np.empty((x.size + 7) // 8, dtype=np.uint8)
+    parts = _split(x.size, _signs, lambda lo, hi: (x[lo:hi], signs[lo // 8:(hi + 7) // 8], sums))
+    return (signs, sum(int(p[0]) for p in parts), sum(float(p[1]) for p in parts),
+            sum(float(p[2]) for p in parts))
+
+
+@numba.njit(cache=True, nogil=True)
+def _unsigns(signs, out, low, high):  # pragma: no cover - compiled
+    for k in range(out.size):
+        out[k] = low if (signs[k >> 3] >> U8(k & 7)) & U8(1) else high
+
+
+def unpack_signs(signs: np.ndarray, n: int, low: float, high: float) -> np.ndarray:
+    """float32 array of n values: `low` where the sign bit is set, else `high`."""
+    out = np.empty(n, dtype=np.float32)
+    _split(n, _unsigns, lambda lo, hi: (signs[lo // 8:(hi + 7) // 8], out[lo:hi], F32(low),
+                                        F32(high)))
+    return out
+
+
+# -- natural compression, nat9 -------------------------------------------------------------
+@numba.njit(cache=True, nogil=True)
+def _nat9_encode(bits, exps, signs, start, k1, k2, rmask, rconst):  # pragma: no cover
+    top = U32(0)
+    for k in range(bits.size):
+        mag = U32(bits[k] & U32(0x7FFFFFFF))
+        top = max(top, mag)
+        r = U32(U32(_mix(U32(k) + U32(start), k1, k2) >> U32(9)) & rmask) | rconst
+        exps[k] = U8(U32(mag + r) >> U32(23))
+    _pack_sign_bits(bits, signs)
+    return top
+
+
+def nat9_encode(bits: np.ndarray, key: int, stochastic: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """Round the float32 bit patterns `bits` (uint32) to powers of two and split them into
+    the exponent plane (biased exponent, one byte each; 255 where a value rounded past
+    2**127) and the sign plane.
+
+    Returns (exponents, signs, largest magnitude pattern): a largest pattern >= 0x7F800000
+    means the input held Inf or NaN and those elements' planes are meaningless."""
+    n = bits.size
+    exps = np.empty(n, dtype=np.uint8)
+    signs = np.empty((n + 7) // 8, dtype=np.uint8)
+    if n == 0:
+        return exps, signs, 0
+    rmask, rconst = (U32(0x7FFFFF), U32(0)) if stochastic else (U32(0), U32(0x400000))
+    k1, k2 = _keys(key)
+    tops = _split(n, _nat9_encode, lambda lo, hi: (
+        bits[lo:hi], exps[lo:hi], signs[lo // 8:(hi + 7) // 8], lo, k1, k2, rmask, rconst))
+    return exps, signs, int(max(tops))
+
+
+@numba.njit(cache=True, nogil=True)
+def _nat9_decode(exps, signs, out):  # pragma: no cover - compiled
+    top = U8(0)
+    for k in range(exps.size):
+        top = max(top, exps[k])
+    groups = exps.size // 8
+    words = out[:8 * groups].view(np.uint64)  # two float32 patterns per word
+    e8 = exps[:8 * groups].view(np.uint64)
+    for j in range(groups):
+        s = U64(signs[j])
+        e = e8[j]
+        for q in range(4):
+            lo = (((s >> U64(2 * q)) & U64(1)) << U64(31)) | (
+                ((e >> U64(16 * q)) & U64(0xFF)) << U64(23))
+            hi = (((s >> U64(2 * q + 1)) & U64(1)) << U64(63)) | (
+                ((e >> U64(16 * q + 8)) & U64(0xFF)) << U64(55))
+            words[4 * j + q] = lo | hi
+    for k in range(8 * groups, exps.size):
+        sign = U32(U32(signs[groups]) >> U32(k - 8 * groups)) & U32(1)
+        out[k] = U32(sign << U32(31)) | U32(U32(exps[k]) << U32(23))
+    return top
+
+
+def nat9_decode(exps: np.ndarray, signs: np.ndarray) -> tuple[np.ndarray, int]:
+    """(float32 patterns (sign << 31) | (exponent << 23) as uint32, largest exponent byte);
+    255 is a reserved code the caller rejects."""
+    out = np.empty(exps.size, dtype=np.uint32)
+    if exps.size == 0:
+        return out, 0
+    tops = _split(exps.size, _nat9_decode,
+                  lambda lo, hi: (exps[lo:hi], signs[lo // 8:(hi + 7) // 8], out[lo:hi]))
+    return out, int(max(tops))
+
+
+# -- dithering ----------------------------------------------------------------------------
+_BLOCK = 4096  # elements per block: a multiple of 8, so blocks hold whole packed groups
+
+
+@numba.njit(inline="always")
+def _pack_codes(cbuf, x, m, bits, signs, codes, g0):  # pragma: no cover - compiled
+    """Pack the m codes of a block (8 per `bits` bytes) and their signs (x < 0 and code > 0)
+    starting at group g0."""
+    for g in range((m + 7) // 8):
+        word = U64(0)
+        s = U64(0)
+        for lane in range(min(8, m - 8 * g)):
+            c = U64(cbuf[8 * g + lane])
+            word |= c << U64(bits * lane)
+            s |= U64((x[8 * g + lane] < 0) & (c != U64(0))) << U64(lane)
+        signs[g0 + g] = U8(s)
+        for b in range(bits):
+            if (g0 + g) * bits + b < codes.size:
+                codes[(g0 + g) * bits + b] = U8((word >> U64(8 * b)) & U64(0xFF))
+
+
+@numba.njit(cache=True, nogil=True)
+def _dither_encode(x, scale, bucket, start, units, natural, k1, k2, bits, signs,
+                   codes):  # pragma: no cover - compiled
+    """Level codes of z = min(|x| scale[bucket], units) and the signs, packed (see
+    `compressors.dithering`); per block: scale (per bucket segment), round, pack."""
+    zbuf = np.empty(_BLOCK, dtype=np.float32)
+    zbits = zbuf.view(np.uint32)
+    cbuf = np.empty(_BLOCK, dtype=np.uint8)
+    for b0 in range(0, x.size, _BLOCK):
+        m = min(_BLOCK, x.size - b0)
+        k = 0
+        while k < m:  # segments of one bucket: a constant scale
+            index = (start + b0 + k) // bucket
+            end = min(m, (index + 1) * bucket - start - b0)
+            factor = scale[index]
+            for j in range(k, end):
+                zbuf[j] = min(abs(x[b0 + j]) * factor, units)
+            k = end
+        base = U32(start + b0)
+        if natural:  # z >= 1: natural rounding of z, code = exponent + 1; else 1 w.p. z
+            for j in range(m):
+                r = U32(_mix(U32(j) + base, k1, k2) >> U32(9))
+                high = U32(U32(U32(zbits[j] + r) >> U32(23)) - U32(126))
+                low = U32(F32(r) * F32(2.0**-23) < zbuf[j])
+                cbuf[j] = U8(high if zbits[j] >= U32(0x3F800000) else low)
+        else:
+            for j in range(m):
+                u = F32(_mix(U32(j) + base, k1, k2) >> U32(8)) * F32(2.0**-24)
+                lower = F32(np.floor(zbuf[j]))
+                cbuf[j] = U8(lower) + U8(u < zbuf[j] - lower)
+        _pack_codes(cbuf, x[b0:b0 + m], m, bits, signs, codes, b0 // 8)
+
+
+def dither_encode(x: np.ndarray, scale: np.ndarray, bucket: int, units: float, natural: bool,
+                  key: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sign plane, packed level codes) of float32 `x` for `bits` <= 8; see
+    `compressors.dithering`."""
+    n = x.size
+    signs = np.empty((n + 7) // 8, dtype=np.uint8)
+    codes = np.empty((n * bits + 7) // 8, dtype=np.uint8)
+    k1, k2 = _keys(key)
+    if n:
+        _split(n, _dither_encode, lambda lo, hi: (
+            x[lo:hi], scale, bucket, lo, F32(units), natural, k1, k2, bits,
+            signs[lo // 8:(hi + 7) // 8], codes[lo // 8 * bits:(hi + 7) // 8 * bits]))
+    return signs, codes
+
+
+@numba.njit(cache=True, nogil=True)
+def _dither_decode(signs, codes, table, norms, bucket, start, bits, out):  # pragma: no cover
+    """Per block: signed levels table[code], then times the bucket norms."""
+    top = U64(0)
+    mask = U64((1 << bits) - 1)
+    for b0 in range(0, out.size, _BLOCK):
+        m = min(_BLOCK, out.size - b0)
+        g0 = b0 // 8
+        for g in range((m + 7) // 8):
+            word = U64(0)
+            for b in range(bits):
+                if (g0 + g) * bits + b < codes.size:
+                    word |= U64(codes[(g0 + g) * bits + b]) << U64(8 * b)
+            s = signs[g0 + g]
+            for lane in range(min(8, m - 8 * g)):
+                code = (word >> U64(bits * lane)) & mask
+                top = max(top, code)
+                level = table[min(code, U64(table.size - 1))]
+                out[b0 + 8 * g + lane] = -level if (s >> U8(lane)) & U8(1) else level
+        k = 0
+        while k < m:  # segments of one bucket: a constant norm
+            index = (start + b0 + k) // bucket
+            end = min(m, (index + 1) * bucket - start - b0)
+            norm = norms[index]
+            for j in range(b0 + k, b0 + end):
+                out[j] *= norm
+            k = end
+    return top
+
+
+def dither_decode(signs: np.ndarray, codes: np.ndarray, table: np.ndarray, norms: np.ndarray,
+                  bucket: int, n: int, bits: int) -> tuple[np.ndarray, int]:
+    """(float32 values, largest level code) from the dithering planes (`bits` <= 8), with
+    `table[c]` the level of code c (codes past the table are reported through the largest
+    code, which the caller rejects)."""
+    out = np.empty(n, dtype=np.float32)
+    if n == 0:
+        return out, 0
+    tops = _split(n, _dither_decode, lambda lo, hi: (
+        signs[lo // 8:(hi + 7) // 8], codes[lo // 8 * bits:(hi + 7) // 8 * bits], table, norms,
+        bucket, lo, bits, out[lo:hi]))
+    return out, int(max(tops))

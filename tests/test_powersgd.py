@@ -1,0 +1,75 @@
+"""PowerSGD (single process; the two-rank rounds are in test_quantizers_distributed)."""
+
+import pytest
+import torch
+
+import grace
+from compressors.powersgd import PowerSGD, orthonormalize
+from grace.validation import IncompatibleError, PayloadError
+
+
+def gaussian(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_bytes_per_step_are_r_times_n_plus_m_floats_per_matrix():
+    g = grace.build({"name": "powersgd", "rank": 2})
+    shapes = {"conv": (16, 8, 3, 3), "fc": (64, 512), "bias": (64,), "tiny": (2, 3)}
+    g.step_many([(name, gaussian(*shape)) for name, shape in shapes.items()])
+    stats = g.metrics.pop()
+    compressed = 2 * ((16 + 72) + (64 + 512))  # P (n r) through comm.all_reduce + Q (m r)
+    dense = 64 + 6  # biases and matrices where r (n + m) >= n m go uncompressed
+    assert stats["wire_bytes"] == 4 * (compressed + dense)
+
+
+def test_a_matrix_of_rank_at_most_r_is_recovered_in_one_step():
+    u, v = gaussian(40, 2, seed=1), gaussian(2, 30, seed=2)
+    m = u @ v
+    g = grace.build({"name": "powersgd", "rank": 2}, "none")
+    assert torch.allclose(g.step(m, "w"), m, atol=1e-4)
+
+
+def test_error_feedback_and_warm_start(tmp_path):
+    m = gaussian(30, 20, seed=3)
+    g = grace.build({"name": "powersgd", "rank": 1})
+    out = g.step(m, "w")
+    assert torch.allclose(g.memory.residuals["w"], m - out, atol=1e-6)
+    q = g.compressor.q["w"]
+    assert q.shape == (20, 1)
+    # warm start: repeated steps on the same matrix converge to its best rank-1 part
+    for _ in range(30):
+        g.memory.residuals.clear()
+        out = g.step(m, "w")
+    u, s, vh = torch.linalg.svd(m)
+    assert torch.allclose(out, s[0] * torch.outer(u[:, 0], vh[0]), atol=1e-3)
+    torch.save(g.compressor.state_dict(), tmp_path / "q.pt")
+    resumed = PowerSGD(rank=1)
+    resumed.load_state_dict(torch.load(tmp_path / "q.pt", weights_only=True))
+    assert torch.equal(resumed.q["w"], g.compressor.q["w"])
+
+
+def test_orthonormalize_handles_zero_and_dependent_columns():
+    p = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 0.0], [1.0, 2.0, 0.0]])
+    q = orthonormalize(p)
+    assert torch.allclose(q[:, 0].norm(), torch.tensor(1.0))
+    assert torch.allclose(q[:, 1:], torch.zeros(3, 2), atol=1e-6)
+    g = grace.build("powersgd")
+    assert torch.equal(g.step(torch.zeros(10, 10), "z"), torch.zeros(10, 10))
+
+
+def test_other_dtypes_and_refused_pairings():
+    g = grace.build("powersgd")
+    for x in (gaussian(8, 9).half(), gaussian(8, 9).double(), torch.tensor(1.0), torch.empty(0)):
+        out = g.step(x, f"t{x.dtype}{x.dim()}")
+        assert out.shape == x.shape and out.dtype == x.dtype
+    with pytest.raises(IncompatibleError, match="allreduce"):
+        grace.build("powersgd", communicator="allgather")
+
+
+def test_malformed_payloads_raise():
+    c = PowerSGD()
+    payload, ctx = c.compress(gaussian(10, 10), "w")
+    with pytest.raises(PayloadError, match="shape"):
+        c.decompress((payload[0][:-1],), ctx)
+    with pytest.raises(PayloadError, match="tensors"):
+        c.decompress(payload * 2, ctx)

@@ -1,0 +1,53 @@
+"""The natural-compression Table 1 reproduction and the PowerSGD comparison with PyTorch's
+DDP hook (experiments/natural_table1.py, experiments/powersgd_vs_torch.py)."""
+
+import math
+
+import pytest
+
+from experiments import natural_table1 as t1
+from experiments.powersgd_vs_torch import compare
+
+D = 10**6
+
+
+def literal(approach):
+    q = D // 10
+    return [t1.best_speedup(approach, D, q, theta, lambda s: t1.paper_bits(approach, D, q, s))
+            for theta in (1, 0)]
+
+
+@pytest.mark.parametrize("approach", ["Baseline", "C_nat", "S_q", "C_nat o S_q"])
+def test_rows_one_to_four_reproduce_the_paper_to_one_decimal(approach):
+    (low, _), (high, _) = literal(approach)
+    assert f"{low:.1f}-{high:.1f}" == {"Baseline": "1.0-1.0"}.get(approach, t1.PAPER[approach])
+
+
+def test_dithering_rows_match_the_literal_recomputation():
+    assert [(round(v, 2), s) for v, s in literal("D_sta")] == [(2.01, 13), (10.67, 1)]
+    assert [(round(v, 2), s) for v, s in literal("D_nat")] == [(4.83, 14), (16.0, 1)]
+
+
+def test_measured_bits_come_from_the_payloads():
+    d, q = 8000, 800
+    x = t1.torch.randn(d)
+    bits = {a: t1.measured_bits(a, x, q, 3) for a in t1.PAPER}
+    assert bits["Baseline"] == 32 * d and bits["C_nat"] == 9 * d
+    assert bits["S_q"] == 64 * q  # float32 values + int32 indices
+    assert bits["C_nat o S_q"] == 8 * (q + math.ceil(q / 8)) + 32 * q
+    assert bits["D_sta"] == 32 + d * (1 + 3)  # 2^(3-1) = 4 levels: 3-bit codes + sign
+    assert bits["D_nat"] == 32 + d * (1 + 2)  # 3 levels: 2-bit codes + sign
+    rows = t1.table1(d=d)
+    assert [r.approach for r in rows] == list(t1.PAPER)
+    text = t1.format_rows(rows, d)
+    assert "literal recomputation" in text and "measured from payloads" in text
+
+
+@pytest.mark.slow
+def test_powersgd_sends_what_the_pytorch_hook_sends():
+    records = compare(["trainer.max_steps=4"], r=2, modes=("powersgd", "torch"))
+    ours, hook = (next(r for r in records if r["mode"] == m) for m in ("powersgd", "torch"))
+    assert ours["bytes_per_compressed_step"] == hook["bytes_per_compressed_step"]
+    assert hook["bytes_per_step"] > hook["bytes_per_compressed_step"]  # its 2 dense steps
+    rows = {"powersgd": ours, "torch": hook}
+    assert all(r["steps"] == 4 and 0 <= r["test_acc"] <= 1 for r in rows.values())
