@@ -1,0 +1,272 @@
+"""Bloom-filter index codec (paper Sec. 4, Lemmas 2 and 5, Remark 2; thesis Sec. 5).
+
+Sizing follows the reference library pybloom-live: k = ceil(log2(1/eps)) hash functions,
+slice width w = ceil(r ln(1/eps) / (k (ln 2)^2)) and m = k w bits, hash i writing only into
+slice i. Hashing uses the `mix` function of spec Sec. 5 with int64 torch ops, so every rank
+and device agrees. With seed sigma the bit of x in slice i is i w + mix(x ^ s_i) mod w, with
+salts s_i = mix(mix(sigma) + i + 1): k independent hashes, as in pybloom-live [L]. (The
+spec's double hashing (h1 + i h2) mod w degenerates for small slices: with w = 2, i.e. r = 1,
+every slice bit follows the parity of h1 and the measured false-positive rate is 0.5 instead
+of 0.001; it stays several times above Lemma 2 up to r ~ 100.)
+
+Decoding queries all d positions at once in chunks, slice by slice, each slice testing only
+the survivors of the previous ones (about half pass each slice); the positions of the first
+`table_slices` slices come from a per-tensor cache (the paper's precomputed table H^{d,k}).
+Section: k (u8), w (u32), ceil(m / 8) bytes of bits.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import struct
+import warnings
+from typing import Any, ClassVar
+
+import torch
+
+from compressors.deepreduce.codec import (INDEX_CODECS, CodecCtx, IndexCodec, Selection,
+                                          check_index_set, flat_nonzero, pack_fields,
+                                          unpack_fields)
+from compressors.deepreduce.policies import P2_MODES, POLICIES, mix, numba_available, select
+from grace.validation import MissingDependency, PayloadError, check_choice, check_range
+from grace.wire import pack_bits, packed_nbytes, unpack_bits
+
+
+def bloom_size(r: int, fpr: float) -> tuple[int, int]:
+    """(k, w) for r items at false-positive rate `fpr` (Remark 2, pybloom-live rounding):
+    m = k w bits, about -r ln(eps) / (ln 2)^2."""
+    k = int(math.ceil(math.log(1.0 / fpr, 2)))
+    w = int(math.ceil((max(r, 1) * abs(math.log(fpr))) / (k * (math.log(2) ** 2))))
+    return k, w
+
+
+def expected_fpr(r: int, k: int, m: int) -> float:
+    """Lemma 2: (1 - e^{-k r / m})^k."""
+    return (1.0 - math.exp(-k * r / m)) ** k
+
+
+class HashFamily:
+    """The k slice hashes of one filter (seed sigma, slice width w)."""
+
+    def __init__(self, seed: int, k: int, w: int) -> None:
+        self.k, self.w = k, w
+        base = mix(seed)
+        self.salts = [mix(base + i + 1) for i in range(k)]
+
+    def slice(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """Bit positions of the elements `x` in slice i."""
+        return mix(x ^ self.salts[i]) % self.w + i * self.w
+
+    def positions(self, x: torch.Tensor) -> torch.Tensor:
+        """The |x| x k bit positions."""
+        return torch.stack([self.slice(x, i) for i in range(self.k)], dim=1)
+
+
+class TorchBloom:
+    """Vectorised insert and query (CPU or CUDA). `cache` keys the position table of a
+    query by (tensor name, seed); None computes every hash."""
+
+    def __init__(self, table_slices: int, chunk: int) -> None:
+        self.table_slices = table_slices
+        self.chunk = chunk
+        self.tables: dict[str, tuple[tuple[Any, ...], list[torch.Tensor]]] = {}
+
+    def insert(self, indices: torch.Tensor, family: HashFamily) -> torch.Tensor:
+        bits = torch.zeros(family.k * family.w, dtype=torch.bool, device=indices.device)
+        bits[family.positions(indices).reshape(-1)] = True
+        return bits
+
+    def _table(self, cache: tuple[str, int], d: int, family: HashFamily,
+               device: torch.device) -> list[torch.Tensor]:
+        """Cached int32 positions of the first slices for all d elements (one per tensor)."""
+        name, seed = cache
+        slices = min(self.table_slices, family.k)
+        key = (seed, d, family.k, family.w, slices, str(device))
+        cached = self.tables.get(name)
+        if cached is None or cached[0] != key:
+            x = torch.arange(d, device=device)
+            cached = (key, [torch.cat([family.slice(x[a:a + self.chunk], i).to(torch.int32)
+                                       for a in range(0, d, self.chunk)])
+                            for i in range(slices)])
+            self.tables[name] = cached
+        return cached[1]
+
+    def query(self, bits: torch.Tensor, family: HashFamily, d: int,
+              cache: tuple[str, int] | None) -> torch.Tensor:
+        """Ascending positives P among 0..d-1."""
+        device = bits.device
+        table = self._table(cache, d, family, device) if cache and self.table_slices else []
+        found = []
+        for start in range(0, d, self.chunk):
+            stop = min(d, start + self.chunk)
+            x = None  # survivors so far (absolute positions); None = the whole chunk
+            for i in range(family.k):
+                if i < len(table):
+                    pos = table[i][start:stop] if x is None else table[i].index_select(0, x)
+                else:
+                    if x is None:
+                        x = torch.arange(start, stop, device=device)
+                    pos = family.slice(x, i)
+                keep = flat_nonzero(bits.index_select(0, pos))
+                x = keep + start if x is None else x.index_select(0, keep)
+            found.append(x)
+        return torch.cat(found) if found else torch.empty(0, dtype=torch.int64, device=device)
+
+    def positions(self, x: torch.Tensor, family: HashFamily) -> torch.Tensor:
+        return family.positions(x)
+
+
+class PyBloom:
+    """pybloom-live as a slow reference backend: its own hashes (no seed), the same
+    sizing and section layout; one Python call per inserted and per queried element."""
+
+    def __init__(self, fpr: float) -> None:
+        try:
+            import pybloom_live
+        except ImportError:
+            raise MissingDependency("backend 'pybloom' needs pybloom-live: pip install "
+                                    "'gracecomm[bloom]'") from None
+        self.lib = pybloom_live
+        self.fpr = fpr
+
+    def _filter(self, bits: torch.Tensor, family: HashFamily) -> Any:
+        head = struct.pack(self.lib.BloomFilter.FILE_FMT.decode(), self.fpr, family.k,
+                           family.w, 1, 0)
+        data = pack_bits(bits).cpu().numpy().tobytes()
+        return self.lib.BloomFilter.fromfile(io.BytesIO(head + data))
+
+    def insert(self, indices: torch.Tensor, family: HashFamily) -> torch.Tensor:
+        bf = self.lib.BloomFilter(capacity=max(indices.numel(), 1), error_rate=self.fpr)
+        for x in indices.tolist():
+            bf.add(x, skip_check=True)
+        data = torch.frombuffer(bytearray(bf.bitarray.tobytes()), dtype=torch.uint8)
+        return unpack_bits(data, family.k * family.w).to(indices.device)
+
+    def query(self, bits: torch.Tensor, family: HashFamily, d: int,
+              cache: tuple[str, int] | None) -> torch.Tensor:
+        bf = self._filter(bits, family)
+        return torch.tensor([x for x in range(d) if x in bf], dtype=torch.int64,
+                            device=bits.device)
+
+    def positions(self, x: torch.Tensor, family: HashFamily) -> torch.Tensor:
+        bf = self._filter(torch.zeros(family.k * family.w, dtype=torch.bool), family)
+        offsets = [i * family.w for i in range(family.k)]
+        rows = [[o + h for o, h in zip(offsets, bf.make_hashes(v))] for v in x.tolist()]
+        return torch.tensor(rows, dtype=torch.int64, device=x.device).view(-1, family.k)
+
+
+@INDEX_CODECS.register("bloom")
+class BloomIndex(IndexCodec):
+    """Bloom-filter index compression with a decoding policy (see
+    `compressors.deepreduce.policies`). Except for ``naive``, the sender runs the decoder
+    and sends the values of the decoded selection S~ in ascending order (false-positive
+    aware): ``value_source: dense`` sends t at false positives, ``sparse`` sends zeros there.
+
+    Options: ``fpr`` (target false-positive rate eps), ``policy``, ``p2_mode``
+    (``round_robin``: Algorithm 1; ``cover``: thesis prioritisation), ``backend``
+    (``torch`` or ``pybloom``, the slow reference), ``kernel`` for P2 (``auto``, ``numba``,
+    ``python``), ``reseed_every_step`` (new hash seed each step instead of a fixed one per
+    tensor), ``table_slices`` (slices whose positions are cached per tensor, 4 d bytes
+    each; 0 = compute every hash) and ``chunk`` (positions queried at once)."""
+
+    codec_id = 8
+    BACKENDS: ClassVar[tuple[str, ...]] = ("torch", "pybloom")
+    HEADER: ClassVar[str] = "BI"
+
+    def __init__(self, fpr: float = 0.001, policy: str = "p0", p2_mode: str = "round_robin",
+                 value_source: str = "dense", backend: str = "torch", kernel: str = "auto",
+                 reseed_every_step: bool = False, table_slices: int = 3,
+                 chunk: int = 1 << 22) -> None:
+        self.fpr = float(check_range(fpr, self.label, "fpr", 0.0, 1.0, low_open=True,
+                                     high_open=True))
+        self.policy = check_choice(policy, POLICIES, self.label, "policy")
+        self.p2_mode = check_choice(p2_mode, P2_MODES, self.label, "p2_mode")
+        self.value_source = check_choice(value_source, ("dense", "sparse"), self.label,
+                                         "value_source")
+        backend = check_choice(backend, self.BACKENDS, self.label, "backend")
+        kernel = check_choice(kernel, ("auto", "numba", "python"), self.label, "kernel")
+        self.compiled = kernel == "numba" or (kernel == "auto" and numba_available())
+        if kernel == "numba" and not numba_available():
+            raise MissingDependency(f"{self.label}: kernel 'numba' needs numba: pip install "
+                                    "'gracecomm[fast]', or set kernel: python")
+        self.reseed_every_step = bool(reseed_every_step)
+        self.table_slices = check_range(table_slices, self.label, "table_slices", 0,
+                                        integer=True)
+        self.chunk = check_range(chunk, self.label, "chunk", 1, integer=True)
+        self.sends_all_positives = self.policy == "p0"
+        self.backend: TorchBloom | PyBloom = (PyBloom(self.fpr) if backend == "pybloom" else
+                                              TorchBloom(self.table_slices, self.chunk))
+        if self.policy == "naive":
+            warnings.warn(f"{self.label}: policy 'naive' shifts every value after a false "
+                          "positive; with error feedback these errors accumulate (thesis "
+                          "Sec. 6.3); prefer p0, p1 or p2", stacklevel=2)
+
+    # -- pieces shared by sender and receiver ----------------------------------------------
+    def _seed(self, ctx: CodecCtx) -> int:
+        return ctx.step_seed if self.reseed_every_step else ctx.tensor_seed
+
+    def _family(self, ctx: CodecCtx, k: int, w: int) -> HashFamily:
+        return HashFamily(self._seed(ctx), k, w)
+
+    def _query(self, bits: torch.Tensor, family: HashFamily, ctx: CodecCtx) -> torch.Tensor:
+        cache = None if self.reseed_every_step else (ctx.name, ctx.tensor_seed)
+        return self.backend.query(bits, family, ctx.d, cache)
+
+    def _select(self, positives: torch.Tensor, r: int, family: HashFamily,
+                ctx: CodecCtx) -> torch.Tensor:
+        return select(self.policy, positives, r, ctx.step_seed,
+                      lambda x: self.backend.positions(x, family), self.p2_mode, self.compiled)
+
+    def _insert(self, indices: torch.Tensor, ctx: CodecCtx) -> tuple[HashFamily, torch.Tensor]:
+        k, w = bloom_size(indices.numel(), self.fpr)
+        family = self._family(ctx, k, w)
+        return family, self.backend.insert(indices, family)
+
+    # -- codec interface -------------------------------------------------------------------
+    def encode(self, indices: torch.Tensor, ctx: CodecCtx) -> torch.Tensor:
+        check_index_set(indices, ctx.d, self.label)
+        family, bits = self._insert(indices.to(torch.int64), ctx)
+        return self._section(family, bits)
+
+    def _section(self, family: HashFamily, bits: torch.Tensor) -> torch.Tensor:
+        return torch.cat([pack_fields(self.HEADER, family.k, family.w, device=bits.device),
+                          pack_bits(bits)])
+
+    def select(self, indices: torch.Tensor, flat: torch.Tensor, ctx: CodecCtx) -> Selection:
+        """Build the filter, run the receiver's decoder and choose the values to send."""
+        check_index_set(indices, ctx.d, self.label)
+        indices = indices.to(torch.int64)
+        r = indices.numel()
+        family, bits = self._insert(indices, ctx)
+        positives = self._query(bits, family, ctx)
+        chosen = self._select(positives, r, family, ctx)
+        true_chosen = torch.isin(chosen, indices)
+        false_positives = positives.numel() - r
+        stats = {"bloom_positives": positives.numel(), "bloom_false_positives": false_positives,
+                 "bloom_negatives": ctx.d - r, "bloom_selected": chosen.numel(),
+                 "bloom_policy_errors": int((~true_chosen).sum())}
+        if self.policy == "naive":
+            values_at = indices
+            values = flat[indices]
+        else:
+            values_at = chosen
+            values = flat[chosen]
+            if self.value_source == "sparse":
+                values = torch.where(true_chosen, values, torch.zeros_like(values))
+        return Selection(values_at, values, self._section(family, bits), stats)
+
+    def decode(self, section: torch.Tensor, n: int, ctx: CodecCtx) -> torch.Tensor:
+        (k, w), body = unpack_fields(self.HEADER, section, self.label)
+        want_k = bloom_size(1, self.fpr)[0]
+        if k != want_k or w == 0 or body.numel() != packed_nbytes(k * w, 1):
+            raise PayloadError(f"{self.label}: filter of k = {k} slices of {w} bits in "
+                               f"{body.numel()} bytes; fpr {self.fpr} needs k = {want_k} and "
+                               f"ceil(k w / 8) bytes")
+        family = self._family(ctx, k, w)
+        positives = self._query(unpack_bits(body, k * w), family, ctx)
+        if n > positives.numel() or (self.sends_all_positives and n != positives.numel()):
+            why = " (policy p0 sends one per positive)" if self.sends_all_positives else ""
+            raise PayloadError(f"{self.label}: the filter has {positives.numel()} positives, "
+                               f"the header announces {n} values{why}")
+        return self._select(positives, n, family, ctx)
