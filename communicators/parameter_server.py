@@ -1,0 +1,194 @@
+"""Parameter server: every rank sends its payloads to the master rank, which decompresses and
+averages them (`Compressor.aggregate`), optionally re-compresses the mean with a downlink
+compressor (bidirectional compression), and broadcasts the result; every rank, the master
+included, decompresses the same bytes, so all end with identical aggregates.
+
+Bytes: the uplink (this rank's payload, the master's own included) is ``wire_bytes``; the
+downlink payload that every worker receives is ``downlink_bytes``. The network cost model sees
+the gather as ``ps_push`` and the broadcast as ``ps_pull``. A failure on the master (a
+malformed payload, a non-finite reconstruction) is broadcast to the workers, so every rank
+raises instead of waiting for a result that never comes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from communicators.allgather import padded_payloads
+from grace.communicator import Communicator, Item, payload_device
+from grace.compressor import Compressor, Payload, TensorInfo
+from grace.config import instantiate
+from grace.registry import COMMUNICATORS, COMPRESSORS
+from grace.validation import ConfigError, IncompatibleError, check_range
+from grace.wire import payload_nbytes, to_bytes
+
+# dtype codes of the downlink's self-describing header
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8, torch.int8,
+          torch.int16, torch.int32, torch.int64, torch.bool)
+
+
+class ServerError(RuntimeError):
+    """The parameter server failed to aggregate a step; every rank raises this (the master
+    raises the original error)."""
+
+
+def downlink_compressor(spec: Any) -> Compressor | None:
+    """None (dense), a registry name, a mapping with ``name`` or ``_target_``, or an instance."""
+    if spec is None or isinstance(spec, Compressor):
+        return spec
+    if isinstance(spec, str):
+        return COMPRESSORS.create(spec)
+    if isinstance(spec, Mapping):
+        params = dict(spec)
+        if "_target_" in params:
+            return instantiate(params)
+        if "name" in params:
+            return COMPRESSORS.create(params.pop("name"), **params)
+    raise ConfigError(f"communicator 'parameter_server': option 'downlink' must be null, a "
+                      f"compressor name, a mapping with 'name' or '_target_', or a Compressor; "
+                      f"got {spec!r}")
+
+
+def pack(payloads: Sequence[tuple[TensorInfo, Payload]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Serialise (result shape and dtype, payload) pairs: an int64 header describing every
+    tensor, and one uint8 buffer with their bytes."""
+    header: list[int] = [len(payloads)]
+    tensors: list[torch.Tensor] = []
+    for info, payload in payloads:
+        header += [DTYPES.index(info.dtype), len(info.shape), *info.shape, len(payload)]
+        for t in payload:
+            header += [DTYPES.index(t.dtype), t.dim(), *t.shape]
+            tensors.append(t)
+    return torch.tensor(header, dtype=torch.int64), to_bytes(tensors)
+
+
+def unpack(header: torch.Tensor, buf: torch.Tensor) -> list[tuple[TensorInfo, Payload]]:
+    """Inverse of `pack`."""
+    words = iter(header.tolist())
+
+    def shaped() -> tuple[torch.dtype, list[int]]:
+        dtype = DTYPES[next(words)]
+        return dtype, [next(words) for _ in range(next(words))]
+
+    out, pos = [], 0
+    for _ in range(next(words)):
+        dtype, shape = shaped()
+        payload = []
+        for _ in range(next(words)):
+            t_dtype, t_shape = shaped()
+            size = torch.Size(t_shape).numel() * t_dtype.itemsize
+            payload.append(buf[pos:pos + size].clone().view(t_dtype).reshape(t_shape))
+            pos += size
+        out.append((TensorInfo(torch.Size(shape), dtype), tuple(payload)))
+    return out
+
+
+@COMMUNICATORS.register("parameter_server")
+class ParameterServer(Communicator):
+    """Per call: one size exchange (unless sizes are fixed), one gather of every rank's
+    payloads to `master_rank` (padded to the largest), and three broadcasts from the master
+    (status and sizes, the header, the result). `downlink`: a compressor applied to each
+    averaged tensor before the broadcast (e.g. ``fp16``, ``topk``, ``natural``); its ctx must
+    be the plain `TensorInfo` of the tensor, since workers decompress without it."""
+
+    def __init__(self, master_rank: int = 0, downlink: Any = None, group: Any = None) -> None:
+        super().__init__(group)
+        self.master_rank = check_range(master_rank, self.label, "master_rank", 0, integer=True)
+        self.downlink = downlink_compressor(downlink)
+        if self.downlink is not None and self.downlink.model_level:
+            raise IncompatibleError(f"{self.label}: option 'downlink' names "
+                                    f"{self.downlink.label}, which compresses whole models; "
+                                    "pick a per-tensor compressor")
+
+    def send_receive_many(self, items: Sequence[Item]) -> list[torch.Tensor]:
+        if self.master_rank >= self.world_size:
+            raise ConfigError(f"{self.label}: option 'master_rank' is {self.master_rank} but the "
+                              f"world has {self.world_size} ranks")
+        device = payload_device(items)
+        master = self.rank == self.master_rank
+        received = self.push(items, device)
+        header = torch.zeros(3, dtype=torch.int64)  # status, header length, buffer bytes
+        meta = torch.zeros(0, dtype=torch.int64)
+        buf = torch.zeros(0, dtype=torch.uint8)
+        error: Exception | None = None
+        if master:
+            try:
+                means = self.aggregate_items(items, received())
+                meta, buf = pack([self.encode(mean, name) for mean, (_, _, name)
+                                  in zip(means, items)])
+            except Exception as err:  # noqa: BLE001 - re-raised below, after telling the workers
+                error = err
+                buf = torch.tensor(list(f"{type(err).__name__}: {err}".encode()),
+                                   dtype=torch.uint8)
+            header[:] = torch.tensor([int(error is not None), meta.numel(), buf.numel()])
+        status, n_meta, n_buf = self.pull(header.to(device)).tolist()
+        if not master:
+            meta = torch.empty(n_meta, dtype=torch.int64)
+            buf = torch.empty(n_buf, dtype=torch.uint8)
+        meta = self.pull(meta.to(device)) if n_meta else meta
+        buf = self.pull(buf.to(device)) if n_buf else buf.to(device)
+        if error is not None:
+            raise error
+        if status:
+            raise ServerError(f"{self.label}: the master (rank {self.master_rank}) failed to "
+                              f"aggregate: {bytes(buf.cpu().tolist()).decode(errors='replace')}")
+        results = unpack(meta.cpu(), buf)
+        self.metrics.add("downlink_bytes", sum(payload_nbytes(p) for _, p in results))
+        with self.metrics.timer("decompress_s"):
+            return [self.decode(info, payload) for info, payload in results]
+
+    # -- uplink -------------------------------------------------------------------------------
+    def push(self, items: Sequence[Item], device: torch.device
+             ) -> Callable[[], list[list[Payload]]]:
+        """Gather every rank's payloads to the master. Returns the parser of what arrived
+        (every rank's payloads in rank order; only called on the master)."""
+        local = self.flatten(items)
+        own = [payload for payload, _, _ in items]
+        if self.world_size == 1:
+            self.count(payload_nbytes(local))
+            return lambda: [own]
+        buf, sizes, nbytes = padded_payloads(self, local, device)
+        master = self.rank == self.master_rank
+        bufs = [torch.empty_like(buf) for _ in range(self.world_size)] if master else None
+        with self.collective("ps_push", (self.world_size - 1) * buf.numel()):
+            dist.gather(buf, bufs, dst=self.global_rank(self.master_rank), group=self.group)
+        return lambda: [own if r == self.rank else
+                        self.rank_payloads(items, bufs[r][: nbytes[r]], sizes[r], r)
+                        for r in range(self.world_size)]
+
+    # -- downlink -------------------------------------------------------------------------------
+    def encode(self, mean: torch.Tensor, name: str) -> tuple[TensorInfo, Payload]:
+        info = TensorInfo.of(mean)
+        if self.downlink is None:
+            return info, (mean.reshape(-1),)
+        payload, ctx = self.downlink.compress(mean, name)
+        self.downlink.metrics.pop()  # its statistics would mix with the uplink's
+        if not isinstance(ctx, TensorInfo) or ctx != info:
+            raise IncompatibleError(
+                f"{self.label}: the downlink {self.downlink.label} keeps per-call state in its "
+                "ctx, which the workers do not have; use a compressor whose ctx is the tensor's "
+                "shape and dtype (none, fp16, bf16, topk, threshold, natural)")
+        return info, payload
+
+    def decode(self, info: TensorInfo, payload: Payload) -> torch.Tensor:
+        if self.downlink is None:
+            return payload[0].view(info.shape)
+        return self.downlink.decompress(payload, info)
+
+    def pull(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Broadcast `tensor` from the master (the downlink)."""
+        if self.world_size > 1:
+            with self.collective("ps_pull", (self.world_size - 1) * payload_nbytes([tensor])):
+                dist.broadcast(tensor, src=self.global_rank(self.master_rank), group=self.group)
+        return tensor
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"downlink": self.downlink.state_dict()} if self.downlink is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.downlink is not None and "downlink" in state:
+            self.downlink.load_state_dict(state["downlink"])

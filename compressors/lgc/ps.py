@@ -1,0 +1,246 @@
+"""LGC_PS: learned gradient compression in the parameter-server pattern (Abrahamyan et al.,
+TNNLS, Sec. IV-A, Algorithm 1, Figs. 6 and 8; LGC spec Sec. 5).
+
+Every worker sends its top-k indices (DEFLATE) and, in phase 3, only the innovation of its
+top-k vector; one fixed *leader* adds the encoded common part. The master (the parameter
+server's rank, a worker too) holds one decoder per worker, which fuses the leader's latent
+with that worker's innovation; it trains the encoder and all decoders in phase 2 with a
+reconstruction plus similarity loss and sends the encoder to the leader when phase 2 ends.
+
+Joint payloads (always the same tensors on every rank; the latent is empty except on the
+leader):
+
+- phase 1: (gradient,)
+- phase 2: (F, top-k values of M and Lambda, Idx(I))
+- phase 3: (F, latent, innovation values, Lambda values, scale, Idx(I), Idx(P))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
+from compressors.lgc.base import LGC, LGCCtx, options
+from compressors.lgc.layout import Plan
+from grace.compressor import Payload, TensorInfo
+from grace.registry import COMPRESSORS
+from grace.rng import stable_hash
+from grace.validation import ConfigError, PayloadError, check_choice, check_range
+from grace.wire import payload_nbytes
+
+PARTS = {2: ("dense", "values", "index"),
+         3: ("dense", "latent", "innovation", "values", "scalars", "index", "index")}
+
+
+def similarity_loss(z: torch.Tensor) -> torch.Tensor:
+    """L_sim = sum over ordered pairs k != m of |z_k - z_m|^2 (Eq. 4), for a batch of codes."""
+    flat = z.flatten(1)
+    return (flat[:, None] - flat[None]).pow(2).sum()
+
+
+@dataclass
+class WorkerPart:
+    """One rank's phase 2/3 payload, parsed at the master."""
+
+    dense: torch.Tensor
+    indices: list[torch.Tensor]
+    topk_m: torch.Tensor | None      # phase 2: the top-k vector g~ (mu)
+    values_l: torch.Tensor           # the kappa Lambda values
+    latent: torch.Tensor | None = None
+    positions: torch.Tensor | None = None  # phase 3: innovation positions in [0, mu)
+    innovation: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+
+
+@COMPRESSORS.register("lgc_ps")
+class LGCPS(LGC):
+    """`leader_rank`: the worker that sends the latent in phase 3 (-1: the last rank).
+    `innovation`: ``mode`` fraction_of_topk (m_l = max(1, ceil(beta k_l)), Algorithm 1) or
+    fraction_of_tensor (m_l = max(1, ceil(gamma n_l)), the text's 0.001%). `ae.lambda1`,
+    `ae.lambda2`: weights of the reconstruction and similarity losses (Eq. 5)."""
+
+    communicators = ("parameter_server",)
+    default_communicator = "parameter_server"
+    decoder_innovation = True
+    AE_DEFAULTS: ClassVar[dict[str, Any]] = {**LGC.AE_DEFAULTS, "lambda2": 0.5}
+
+    def __init__(self, ratio: float = 0.001, warmup_iters: int = 200, ae_train_iters: int = 300,
+                 first_layer: Any = "auto", last_layer: Any = "auto", seed: int = 0,
+                 leader_rank: int = -1, innovation: Mapping[str, Any] | None = None,
+                 index_coding: Mapping[str, Any] | None = None,
+                 ae: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ratio, warmup_iters, ae_train_iters, first_layer, last_layer, seed,
+                         index_coding, ae)
+        self.leader_rank = check_range(leader_rank, self.label, "leader_rank", -1, integer=True)
+        inn = options(self.label, "innovation", innovation,
+                      {"mode": "fraction_of_topk", "beta": 0.1, "gamma": 1e-5})
+        check_choice(inn["mode"], ("fraction_of_topk", "fraction_of_tensor"), self.label,
+                     "innovation.mode")
+        key = "beta" if inn["mode"] == "fraction_of_topk" else "gamma"
+        check_range(inn[key], self.label, f"innovation.{key}", 0.0, 1.0, low_open=True)
+        self.innovation_rule = (inn["mode"], float(inn[key]))
+
+    # -- roles -------------------------------------------------------------------------------
+    @property
+    def master(self) -> int:
+        return int(getattr(self.comm, "master_rank", 0))
+
+    @property
+    def leader(self) -> int:
+        k = self.world_size
+        leader = k - 1 if self.leader_rank == -1 else self.leader_rank
+        if leader >= k:
+            raise ConfigError(f"{self.label}: option 'leader_rank' is {leader} but the world has "
+                              f"{k} ranks; use -1 (the last rank) or a rank below {k}")
+        return leader
+
+    def decoder_count(self) -> int:
+        return self.world_size
+
+    def sync_source(self) -> tuple[int, list[nn.Module]]:
+        return self.master, [self.encoder]  # the master sends E to the leader
+
+    # -- worker side ---------------------------------------------------------------------------
+    def compress_sparse(self, plan: Plan, tensors: Sequence[torch.Tensor], info: TensorInfo,
+                        phase: int) -> tuple[list[tuple[Payload, Any]], Payload, LGCCtx]:
+        indices = plan.topk(tensors)
+        topk_m, values_l = plan.values(tensors, indices)
+        dense = plan.dense_part(tensors)
+        idx = plan.encode_indices(indices, self.delta, self.zlib_level)
+        if phase == 2:
+            payload: Payload = (dense, torch.cat([topk_m, values_l]), idx)
+        else:
+            scale = self.scale(topk_m)
+            positions = plan.innovation(topk_m)
+            latent = topk_m.new_zeros(0, dtype=torch.float32)
+            if self.rank == self.leader and plan.mu:
+                with torch.no_grad(), self.metrics.timer("ae_s"):
+                    latent = self.encode((topk_m / scale).unsqueeze(0), plan).reshape(-1)
+            payload = (dense, latent, topk_m[positions], values_l,
+                       scale.reshape(1).to(topk_m.dtype), idx,
+                       plan.encode_positions(positions, self.delta, self.zlib_level))
+        self.log_parts(PARTS[phase], payload)
+        return plan.views(tensors, indices), payload, LGCCtx(info, plan, phase, self.step)
+
+    # -- master side ---------------------------------------------------------------------------
+    def aggregate(self, payloads: Sequence[Payload], ctx: LGCCtx) -> torch.Tensor:
+        """The master's mean over workers (spec Sec. 5); in phase 2 it also takes one
+        autoencoder step on the workers' top-k vectors."""
+        sizes = [payload_nbytes(p) for p in payloads]
+        if len(sizes) > 1:
+            leader = self.leader
+            self.metrics.add("lgc_leader_bytes", sizes[leader])
+            self.metrics.add("lgc_others_bytes",
+                             (sum(sizes) - sizes[leader]) / (len(sizes) - 1))
+        if ctx.phase == 1:
+            return torch.stack([p[0] for p in payloads]).mean(0).view(ctx.info.shape)
+        parts = [self.parse(p, ctx, rank) for rank, p in enumerate(payloads)]
+        if ctx.phase == 2:
+            self.train(parts, ctx)
+            return self.average(parts, ctx)
+        return self.average(parts, ctx, latent=parts[self.leader].latent)
+
+    def decode(self, payload: Payload, ctx: LGCCtx) -> torch.Tensor:
+        """A single payload on its own (a world of one); in phase 3 it must carry the latent."""
+        if ctx.phase == 1:
+            return payload[0].view(ctx.info.shape)
+        part = self.parse(payload, ctx, self.rank)
+        if ctx.phase == 3 and ctx.plan.mu and not part.latent.numel():
+            raise PayloadError("an lgc_ps payload decodes on its own only when it carries the "
+                               "latent (the leader's)")
+        return self.average([part], ctx, latent=part.latent)
+
+    def parse(self, payload: Payload, ctx: LGCCtx, rank: int) -> WorkerPart:
+        plan = ctx.plan
+        try:
+            if ctx.phase == 2:
+                dense, values, idx = payload
+                if values.numel() != plan.mu + plan.kappa or dense.numel() != plan.n_dense:
+                    raise PayloadError(f"{values.numel()} top-k values and {dense.numel()} dense "
+                                       f"values, expected {plan.mu + plan.kappa} and "
+                                       f"{plan.n_dense}")
+                return WorkerPart(dense, plan.decode_indices(idx, self.delta),
+                                  values[:plan.mu], values[plan.mu:])
+            dense, latent, innovation, values_l, scale, idx, pos = payload
+            if (innovation.numel() != plan.nu or values_l.numel() != plan.kappa
+                    or scale.numel() != 1 or dense.numel() != plan.n_dense):
+                raise PayloadError(f"sizes (dense {dense.numel()}, innovation "
+                                   f"{innovation.numel()}, Lambda {values_l.numel()}, scale "
+                                   f"{scale.numel()}) differ from the plan's ({plan.n_dense}, "
+                                   f"{plan.nu}, {plan.kappa}, 1)")
+            if latent.numel() not in (0, padded_length(plan.mu) // 4):
+                raise PayloadError(f"latent of {latent.numel()} values, expected "
+                                   f"{padded_length(plan.mu) // 4}")
+            return WorkerPart(dense, plan.decode_indices(idx, self.delta), None, values_l,
+                              latent, plan.decode_positions(pos, self.delta), innovation,
+                              scale.float())
+        except PayloadError as err:
+            raise PayloadError(f"rank {rank}: {err}") from None
+
+    @staticmethod
+    def innovation_vector(plan: Plan, positions: torch.Tensor, values: torch.Tensor,
+                          scale: torch.Tensor | float = 1.0) -> torch.Tensor:
+        """u = the innovation values / s at their positions, zeros elsewhere: (1, 1, mu_pad)."""
+        u = torch.zeros(plan.mu, device=values.device)
+        u[positions] = values.float() / scale
+        return pad(u.unsqueeze(0), padded_length(plan.mu))
+
+    def average(self, parts: Sequence[WorkerPart], ctx: LGCCtx,
+                latent: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean over workers: F dense, M from the top-k values (phase 2) or worker k's decoder
+        applied to the latent and its innovation (phase 3), Lambda from its top-k values."""
+        plan, device = ctx.plan, parts[0].values_l.device
+        out = torch.zeros(plan.n, dtype=ctx.info.dtype, device=device)
+        out[plan.dense_positions(device)] = torch.stack([p.dense for p in parts]).sum(0)
+        if ctx.phase == 3 and plan.mu:
+            z = latent.view(1, LATENT_CHANNELS, -1)
+        for k, part in enumerate(parts):
+            flat_m, flat_l = plan.flat_positions(part.indices)
+            if ctx.phase == 2:
+                values_m = part.topk_m
+            elif plan.mu:
+                with torch.no_grad(), self.metrics.timer("ae_s"):
+                    u = self.innovation_vector(plan, part.positions, part.innovation, part.scale)
+                    x = self.decoders[k](z, u)[0, 0, :plan.mu] * part.scale
+                values_m = self.check_reconstruction(x).to(out.dtype)
+            else:
+                values_m = out[:0]
+            out.index_add_(0, flat_m, values_m)
+            out.index_add_(0, flat_l, part.values_l)
+        return out.div_(len(parts))
+
+    def train(self, parts: Sequence[WorkerPart], ctx: LGCCtx) -> None:
+        """One step of Eq. 5 over the K workers' vectors x_k = g~_k / s_k: every x_k is
+        encoded, a random worker r's code is decoded by every D^k with u_k, and
+        lambda1 * sum_k |D^k(z_r, u_k) - x_k|^2 + lambda2 * sum_{k != m} |z_k - z_m|^2 is
+        minimised over E and all D^k."""
+        plan = ctx.plan
+        if not plan.mu:
+            return
+        topk = torch.stack([p.topk_m for p in parts]).float()
+        x = topk / self.scale(topk)
+        u = torch.cat([self.innovation_vector(plan, pos, row[pos])
+                       for row in x for pos in (plan.innovation(row),)])
+        r = stable_hash(self.seed, "lgc_ps_r", ctx.step) % len(parts)
+        length = padded_length(plan.mu)
+        norm = float(x.pow(2).sum())
+        lam1, lam2 = float(self.ae["lambda1"]), float(self.ae["lambda2"])
+
+        def loss() -> torch.Tensor:
+            z = self.encoder(pad(x, length))
+            rec = torch.cat([d(z[r:r + 1], u[k:k + 1]) for k, d in enumerate(self.decoders)])
+            l_rec = (rec[:, 0, :plan.mu] - x).pow(2).sum()
+            l_sim = similarity_loss(z)
+            self.metrics.add("lgc_recon_loss", l_rec.item())
+            self.metrics.add("lgc_sim_loss", l_sim.item())
+            self.metrics.add("lgc_rho", l_rec.item() / max(norm, 1e-30))
+            self.metrics.add("lgc_rho_innov",
+                             (x - u[:, 0, :plan.mu]).pow(2).sum().item() / max(norm, 1e-30))
+            return lam1 * l_rec + lam2 * l_sim
+
+        self.train_step(loss)

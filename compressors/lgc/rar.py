@@ -1,0 +1,188 @@
+"""LGC_RAR: learned gradient compression in the ring-allreduce pattern (Abrahamyan et al.,
+TNNLS, Sec. IV-B, Algorithm 2, Fig. 5(b); LGC spec Sec. 6).
+
+Each step a leader rank, drawn from a seed every rank shares, broadcasts its per-layer top-k
+indices (DEFLATE); every rank takes its own values at those indices. In phase 2 the values
+are all-gathered (the trainer rank needs every rank's vector to train the autoencoder on the
+mean); in phase 3 every rank encodes its vector, the latents are summed by the allreduce
+communicator together with F and the Lambda values, and every rank decodes the mean latent,
+so all ranks end with bit-identical aggregates. The trainer broadcasts the encoder and decoder
+once when phase 2 ends.
+
+Joint payloads (summed by the allreduce communicator):
+
+- phase 1: (gradient,)
+- phase 2: (F,)  -- the top-k values travel in the compressor's own allgather
+- phase 3: (F, latent, Lambda values)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
+from compressors.lgc.base import LGC, SCALE_EPS, LGCCtx
+from compressors.lgc.layout import Plan
+from grace.compressor import Payload, TensorInfo
+from grace.registry import COMPRESSORS
+from grace.validation import ConfigError, PayloadError, check_choice, check_range
+
+PARTS = {2: ("dense",), 3: ("dense", "latent", "values")}
+
+
+@dataclass(frozen=True, eq=False)
+class RarCtx(LGCCtx):
+    """Adds the leader's selection (flat positions in M and Lambda), and per phase the sum over
+    ranks of the all-gathered values (2) or the shared input scale s (3)."""
+
+    flat_m: torch.Tensor | None = None
+    flat_l: torch.Tensor | None = None
+    gathered: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+
+
+@COMPRESSORS.register("lgc_rar")
+class LGCRar(LGC):
+    """`leader`: ``random`` (leader of step t = random.Random(seed * 1_000_003 + t)
+    .randrange(K)) or ``cyclic`` (t mod K). `trainer_rank`: the rank that trains the
+    autoencoder. `ae.lambda1` weights the reconstruction loss |D(mean_k E(x_k)) - mean_k x_k|^2."""
+
+    summable = True  # the allreduce communicator sums F, the latents and the Lambda values
+    communicators = ("allreduce",)
+    default_communicator = "allreduce"
+
+    def __init__(self, ratio: float = 0.001, warmup_iters: int = 200, ae_train_iters: int = 300,
+                 first_layer: Any = "auto", last_layer: Any = "auto", seed: int = 0,
+                 leader: str = "random", trainer_rank: int = 0,
+                 index_coding: Mapping[str, Any] | None = None,
+                 ae: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ratio, warmup_iters, ae_train_iters, first_layer, last_layer, seed,
+                         index_coding, ae)
+        self.leader = check_choice(leader, ("random", "cyclic"), self.label, "leader")
+        self.trainer_rank = check_range(trainer_rank, self.label, "trainer_rank", 0,
+                                        integer=True)
+
+    def leader_at(self, step: int) -> int:
+        """The leader of `step`, computed identically on every rank without communication."""
+        k = self.world_size
+        if self.leader == "cyclic":
+            return step % k
+        return random.Random(self.seed * 1_000_003 + step).randrange(k)
+
+    def sync_source(self) -> tuple[int, list[nn.Module]]:
+        return self.trainer_rank, [self.encoder, self.decoders]
+
+    def leader_indices(self, plan: Plan, tensors: Sequence[torch.Tensor],
+                       leader: int) -> list[torch.Tensor]:
+        """The leader's per-layer top-k indices, broadcast as a DEFLATE stream (its length
+        first, as a size header)."""
+        device = tensors[0].device
+        stream = None
+        if self.rank == leader:
+            indices = plan.topk(tensors)
+            stream = plan.encode_indices(indices, self.delta, self.zlib_level)
+            self.log_bytes("index", stream)
+        if self.comm is None:
+            return indices
+        length = self.comm.gather_sizes([stream.numel() if stream is not None else 0],
+                                        device)[leader][0]
+        buf = stream if stream is not None else torch.empty(length, dtype=torch.uint8,
+                                                            device=device)
+        self.comm.broadcast(buf, leader)
+        if self.rank == leader:
+            return indices
+        try:
+            return plan.decode_indices(buf, self.delta)
+        except PayloadError as err:
+            raise PayloadError(f"index stream from the leader, rank {leader}: {err}") from None
+
+    def shared_scale(self, topk_m: torch.Tensor) -> torch.Tensor:
+        """s = mean over ranks of RMS(g~_k) + 1e-12 (one allreduce of one value), or 1."""
+        if self.ae["input_scale"] == "none":
+            return torch.ones(1, device=topk_m.device)
+        rms = self.rms(topk_m).reshape(1)
+        if self.comm is not None:
+            self.comm.all_reduce(rms)
+            self.log_bytes("scalars", rms)
+        return rms / self.world_size + SCALE_EPS
+
+    def compress_sparse(self, plan: Plan, tensors: Sequence[torch.Tensor], info: TensorInfo,
+                        phase: int) -> tuple[list[tuple[Payload, Any]], Payload, LGCCtx]:
+        if self.trainer_rank >= self.world_size:
+            raise ConfigError(f"{self.label}: option 'trainer_rank' is {self.trainer_rank} but "
+                              f"the world has {self.world_size} ranks")
+        leader = self.leader_at(self.step)
+        self.metrics.add("lgc_leader", leader)
+        self.metrics.add("lgc_is_leader", int(self.rank == leader))
+        indices = self.leader_indices(plan, tensors, leader)
+        topk_m, values_l = plan.values(tensors, indices)
+        flat_m, flat_l = plan.flat_positions(indices)
+        dense = plan.dense_part(tensors)
+        views = plan.views(tensors, indices)
+        if phase == 2:
+            local = torch.cat([topk_m, values_l])
+            gathered = torch.stack(self.comm.all_gather(local) if self.comm is not None
+                                   else [local])
+            self.log_bytes("values", local)
+            if self.rank == self.trainer_rank:
+                self.train(plan, gathered[:, :plan.mu])
+            payload: Payload = (dense,)
+            ctx = RarCtx(info, plan, 2, self.step, flat_m, flat_l, gathered=gathered.sum(0))
+        else:
+            scale = self.shared_scale(topk_m)
+            latent = topk_m.new_zeros(0, dtype=torch.float32)
+            if plan.mu:
+                with torch.no_grad(), self.metrics.timer("ae_s"):
+                    latent = self.encode((topk_m / scale).unsqueeze(0), plan).reshape(-1)
+            payload = (dense, latent, values_l)
+            ctx = RarCtx(info, plan, 3, self.step, flat_m, flat_l, scale=scale)
+        self.log_parts(PARTS[phase], payload)
+        return views, payload, ctx
+
+    def decode(self, payload: Payload, ctx: RarCtx) -> torch.Tensor:
+        """The sum over ranks of the joint payload -> K x the mean flat gradient (the
+        allreduce communicator divides by K): in phase 3 M is crop(D(z_sum / K)) * s * K."""
+        if ctx.phase == 1:
+            return payload[0].view(ctx.info.shape)
+        plan, dense = ctx.plan, payload[0]
+        out = torch.zeros(plan.n, dtype=ctx.info.dtype, device=dense.device)
+        out[plan.dense_positions(dense.device)] = dense
+        if ctx.phase == 2:
+            out[torch.cat([ctx.flat_m, ctx.flat_l])] = ctx.gathered
+            return out
+        _, latent, values_l = payload
+        if plan.mu:
+            k = self.world_size
+            with torch.no_grad(), self.metrics.timer("ae_s"):
+                z = (latent / k).view(1, LATENT_CHANNELS, -1)
+                x = self.decoders[0](z)[0, 0, :plan.mu] * ctx.scale
+            out[ctx.flat_m] = self.check_reconstruction(x).to(out.dtype) * k
+        out[ctx.flat_l] = values_l
+        return out
+
+    def train(self, plan: Plan, topk: torch.Tensor) -> None:
+        """One step on L = lambda1 * |crop(D(mean_k E(x_k))) - mean_k x_k|^2 with
+        x_k = g~_k / s and s the mean RMS (spec Sec. 6)."""
+        if not plan.mu:
+            return
+        topk = topk.float()
+        scale = self.rms(topk).mean() + SCALE_EPS if self.ae["input_scale"] == "rms" else 1.0
+        x = topk / scale
+        target = x.mean(0)
+        norm = max(float(target.pow(2).sum()), 1e-30)
+        lam1 = float(self.ae["lambda1"])
+
+        def loss() -> torch.Tensor:
+            z = self.encoder(pad(x, padded_length(plan.mu))).mean(0, keepdim=True)
+            l_rec = (self.decoders[0](z)[0, 0, :plan.mu] - target).pow(2).sum()
+            self.metrics.add("lgc_recon_loss", l_rec.item())
+            self.metrics.add("lgc_rho", l_rec.item() / norm)
+            return lam1 * l_rec
+
+        self.train_step(loss)

@@ -1,0 +1,181 @@
+"""LGC on several Gloo ranks (LGC spec Sec. 11, distributed and training tests): exact means
+in phase 1, top-k means with stand-in autoencoders, identical aggregates on every rank,
+bytes that match the spec's formulas, and 2- and 4-rank runs of the training entry point."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import grace
+from compressors.lgc.autoencoder import padded_length
+from compressors.lgc.ps import LGCPS
+from compressors.lgc.rar import LGCRar
+from experiments.lgc_report import phase_rows, read_run, report
+from experiments.models import ReferenceCNN
+from tests.helpers import run_ranks
+from tests.test_lgc import model_grads
+from tests.test_parameter_server import same_on_every_rank
+from tests.test_train import records, train
+
+
+class Fold(nn.Module):
+    """Stand-in encoder: the identity, folded into 4 channels."""
+
+    def forward(self, x):
+        return x.reshape(x.shape[0], 4, -1)
+
+
+class Unfold(nn.Module):
+    def forward(self, z):
+        return z.reshape(z.shape[0], 1, -1)
+
+
+def rank_grads(model, rank, step=0):
+    return model_grads(model, 1000 * step + rank)
+
+
+def topk_mean(model, plan, world_size, chooser):
+    """Mean over ranks of each rank's values at `chooser(rank)`'s top-k indices (F dense)."""
+    tensors = [[t for _, t in rank_grads(model, r)] for r in range(world_size)]
+    out = [torch.zeros_like(t) for t in tensors[0]]
+    for r in range(world_size):
+        indices = plan.topk(tensors[chooser(r)])
+        for i in plan.dense:
+            out[i] += tensors[r][i] / world_size
+        for i, idx in zip(plan.sparse, indices):
+            out[i].view(-1)[idx] += tensors[r][i].reshape(-1)[idx] / world_size
+    return out
+
+
+def check_phases(rank, world_size):
+    torch.manual_seed(0)
+    model = ReferenceCNN()
+    grads = rank_grads(model, rank)
+    # phase 1 is the exact mean gradient under both communicators
+    for name in ("lgc_rar", "lgc_ps"):
+        outs = grace.build({"name": name, "ratio": 0.01}).step_many(grads)
+        for (n, t), out in zip(grads, outs):
+            mean = t.clone()
+            dist.all_reduce(mean)
+            assert torch.allclose(out, mean / world_size, atol=1e-6), (name, n)
+    # RAR with an identity autoencoder and unscaled inputs: the leader-index top-k mean
+    rar = LGCRar(ratio=0.01, warmup_iters=0, ae_train_iters=0, ae={"input_scale": "none"})
+    g = grace.build(rar)
+    rar.ensure_autoencoder(torch.device("cpu"))
+    rar.encoder, rar.decoders, rar.synced = Fold(), nn.ModuleList([Unfold()]), True
+    outs = g.step_many(grads)
+    want = topk_mean(model, rar._plan, world_size, lambda r: rar.leader_at(0))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(outs, want))
+    # PS with beta = 1 and decoders that return their innovation channel: the mean of every
+    # rank's own top-k
+    ps = LGCPS(ratio=0.01, warmup_iters=0, ae_train_iters=0, innovation={"beta": 1.0})
+    g = grace.build(ps)
+    ps.ensure_autoencoder(torch.device("cpu"))
+    with torch.no_grad():
+        for decoder in ps.decoders:
+            decoder.out.weight[0, :-1] = 0
+    outs = g.step_many(grads)
+    want = topk_mean(model, ps._plan, world_size, lambda r: r)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(outs, want))
+
+
+def run_variant(name, model, rank, steps, **options):
+    """Train-free run through the three phases; checks that every rank ends each step with
+    the same aggregate and that the bytes match the spec's Sec. 8 formulas."""
+    g = grace.build({"name": name, "ratio": 0.01, "warmup_iters": 1, "ae_train_iters": 2,
+                     **options})
+    comp, history = g.compressor, []
+    for step in range(steps):
+        phase = comp.phase
+        outs = g.step_many(rank_grads(model, rank, step))
+        assert same_on_every_rank(torch.cat([o.reshape(-1) for o in outs])), (name, step)
+        stats = g.metrics.pop()
+        parts = sum(v for k, v in stats.items() if k.startswith("lgc_") and k.endswith("_bytes")
+                    and k not in ("lgc_leader_bytes", "lgc_others_bytes"))
+        assert stats["wire_bytes"] == parts + stats.get("ae_sync_bytes", 0), (name, step)
+        history.append((phase, stats))
+    return comp, history
+
+
+def check_variants(rank, world_size):
+    torch.manual_seed(0)
+    model = ReferenceCNN()
+    # LGC_RAR: aggregates and autoencoder weights are bit-identical on every rank
+    rar, history = run_variant("lgc_rar", model, rank, 8)
+    plan = rar._plan
+    mu_pad = padded_length(plan.mu)
+    weights = nn.utils.parameters_to_vector([*rar.encoder.parameters(),
+                                             *rar.decoders.parameters()])
+    assert same_on_every_rank(weights.detach())
+    leaders = torch.tensor([rar.leader_at(t) for t in range(50)])
+    assert same_on_every_rank(leaders)
+    rar_bytes = []
+    for phase, stats in history:
+        if phase == 3:
+            assert stats["lgc_latent_bytes"] == mu_pad  # mu_pad / 4 fp32 values
+            expect = 4 * plan.n_dense + mu_pad + 4 * plan.kappa + 4
+            expect += stats.get("lgc_index_bytes", 0) if stats["lgc_is_leader"] else 0
+            assert stats["wire_bytes"] - stats.get("ae_sync_bytes", 0) == expect
+            if "ae_sync_bytes" not in stats:
+                rar_bytes.append(stats["wire_bytes"])
+    # LGC_PS: the leader (the last rank) sends the latent, the others only innovation
+    leader = world_size - 1
+    ps, history = run_variant("lgc_ps", model, rank, 6)
+    topk_bytes, ps_bytes = [], []
+    for phase, stats in history:
+        index = stats["lgc_index_bytes"] if phase > 1 else 0
+        if phase == 2:  # the spec's top-k baseline: F dense, top-k values, DEFLATE indices
+            assert stats["wire_bytes"] == 4 * plan.n_dense + 4 * (plan.mu + plan.kappa) + index
+            topk_bytes.append(stats["wire_bytes"])
+        if phase == 3:
+            expect = (4 * plan.n_dense + 4 * plan.nu + 4 * plan.kappa + 4 + index
+                      + (mu_pad if rank == leader else 0))
+            assert stats["wire_bytes"] - stats.get("ae_sync_bytes", 0) == expect
+            if "ae_sync_bytes" not in stats:
+                ps_bytes.append(stats["wire_bytes"])
+            if rank == 0 and world_size > 1:  # the master logs the bytes it received
+                assert stats["lgc_others_bytes"] < stats["lgc_leader_bytes"]
+    if world_size == 2:  # spec Sec. 11, distributed test 6 (reference CNN, alpha 0.01)
+        means = torch.tensor([sum(rar_bytes) / len(rar_bytes), sum(ps_bytes) / len(ps_bytes),
+                              sum(topk_bytes) / len(topk_bytes)], dtype=torch.float64)
+        per_rank = [torch.empty_like(means) for _ in range(world_size)]
+        dist.all_gather(per_rank, means)
+        rar_mean = (per_rank[0][0] + per_rank[1][0]) / 2
+        ps_leader, ps_other, topk = per_rank[leader][1], per_rank[0][1], per_rank[0][2]
+        assert rar_mean < ps_leader < topk and ps_other < ps_leader
+        assert topk >= 1.8 * rar_mean  # RAR cr_total >= 1.8 x top-k cr_total
+
+
+def check_lgc(rank, world_size):
+    check_phases(rank, world_size)
+    check_variants(rank, world_size)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_lgc_on_several_ranks(world_size):
+    run_ranks(check_lgc, world_size, timeout_s=240)
+
+
+LGC_RUN = ("compressor.ratio=0.01", "compressor.warmup_iters=4", "compressor.ae_train_iters=12",
+           "trainer.max_steps=24")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,world_size", [("lgc_rar", 2), ("lgc_ps", 4)])
+def test_lgc_trains_through_its_phases(tmp_path, name, world_size):
+    proc = train(tmp_path, f"compressor={name}", f"trainer.world_size={world_size}", *LGC_RUN)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r for r in records(tmp_path / "run" / "metrics.jsonl") if r["type"] == "step"]
+    assert [s["lgc_phase"] for s in steps] == [1] * 4 + [2] * 12 + [3] * 8
+    assert all(torch.isfinite(torch.tensor(s["loss"])) for s in steps)
+    assert all("lgc_recon_loss" in s for s in steps[4:16])
+    assert sum("ae_sync_bytes" in s for s in steps) == 1  # rank 0 trains and sends the weights
+    wire = [s["wire_bytes"] - s.get("ae_sync_bytes", 0) for s in steps]
+    assert max(wire[16:]) < min(wire[4:16]) < min(wire[:4]) / 10
+    summary = records(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert summary["communicator"] == ("allreduce" if name == "lgc_rar" else "parameter_server")
+    rows = phase_rows(read_run(tmp_path / "run"))  # the per-phase report
+    assert [(r["phase"], r["steps"]) for r in rows] == [(1, 4), (2, 12), (3, 8)]
+    assert rows[2]["wire_bytes"] == sum(wire[16:]) / 8 and rows[1]["ae_ms"] > 0
+    assert "| lgc_" in report([read_run(tmp_path / "run")])
