@@ -15,6 +15,25 @@ from grace.registry import COMPRESSORS
 from grace.validation import expect_payload
 
 
+def saturating_cast(flat: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """`flat` cast to the float `dtype`, finite values beyond its range clamped to its largest
+    finite number (so a finite value never becomes Inf); returns the number clamped."""
+    if flat.dtype == dtype:
+        return flat, 0
+    limit = torch.finfo(dtype).max
+    saturated = 0
+    if flat.numel() and torch.finfo(flat.dtype).max > limit:
+        lo, hi = torch.aminmax(flat)
+        if bool(hi > limit) or bool(lo < -limit):
+            # saturate in float32 or wider: the limit itself may not be representable in the
+            # input dtype (65504 rounds to 65536 in bfloat16)
+            wide = flat.float() if flat.dtype.itemsize < 4 else flat
+            over = torch.isfinite(wide) & (wide.abs() > limit)
+            saturated = int(over.sum())
+            flat = torch.where(over, wide.sign() * limit, wide)
+    return flat.to(dtype), saturated
+
+
 class Cast(Compressor):
     """Cast to a narrower float dtype and back; summable."""
 
@@ -24,19 +43,9 @@ class Cast(Compressor):
     wire_dtype: ClassVar[torch.dtype]
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
-        flat = tensor.reshape(-1)
-        if flat.dtype != self.wire_dtype:
-            limit = torch.finfo(self.wire_dtype).max
-            if flat.numel() and torch.finfo(flat.dtype).max > limit:
-                lo, hi = torch.aminmax(flat)
-                if bool(hi > limit) or bool(lo < -limit):
-                    # saturate in float32: the limit itself may not be representable in the
-                    # input dtype (65504 rounds to 65536 in bfloat16)
-                    wide = flat.float() if flat.dtype.itemsize < 4 else flat
-                    over = torch.isfinite(wide) & (wide.abs() > limit)
-                    self.metrics.add("saturated", int(over.sum()))
-                    flat = torch.where(over, wide.sign() * limit, wide)
-            flat = flat.to(self.wire_dtype)
+        flat, saturated = saturating_cast(tensor.reshape(-1), self.wire_dtype)
+        if saturated:
+            self.metrics.add("saturated", saturated)
         return (flat,), TensorInfo.of(tensor)
 
     def transmitted(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:

@@ -32,8 +32,8 @@ from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from grace.stochastic import (FLOAT_BITS, RandomStreams, check_rng, natural_round,
                               natural_round_bits, random_bits, second_key, uniform, use_kernels)
-from grace.validation import (ConfigError, PayloadError, check_choice, check_range,
-                              expect_payload)
+from grace.validation import (ConfigError, PayloadError, check_choice, check_range, expect_payload,
+                              wire_float32)
 from grace.wire import bits_for, pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint
 
 F32 = FLOAT_BITS[torch.float32]
@@ -51,11 +51,17 @@ def check_p(p: Any, owner: str) -> float:
 def bucket_norms(x: torch.Tensor, bucket: int, p: float) -> torch.Tensor:
     """p-norm of every bucket of `bucket` consecutive elements of the 1-D `x` (the last
     bucket may be short)."""
-    full = x.numel() // bucket * bucket
-    norms = [torch.linalg.vector_norm(x[:full].view(-1, bucket), p, dim=1)] if full else []
-    if full < x.numel():
-        norms.append(torch.linalg.vector_norm(x[full:], p).view(1))
-    return torch.cat(norms)
+    def compute(values: torch.Tensor) -> torch.Tensor:
+        full = values.numel() // bucket * bucket
+        parts = [torch.linalg.vector_norm(values[:full].view(-1, bucket), p, dim=1)] if full else []
+        if full < values.numel():
+            parts.append(torch.linalg.vector_norm(values[full:], p).view(1))
+        return torch.cat(parts)
+
+    norms = compute(x)
+    if x.dtype != torch.float64 and not bool(torch.isfinite(norms).all()):
+        norms = compute(x.double())  # the squares overflowed, not necessarily the norm
+    return norms
 
 
 def scale_buckets_(x: torch.Tensor, scale: torch.Tensor, bucket: int) -> torch.Tensor:
@@ -130,7 +136,7 @@ class Dithering(Compressor):
             return (torch.empty(0, device=x.device), empty, empty), info
         size, _ = self.buckets(n)
         norms = self.norms(x, size)
-        sent = norms.float()
+        sent = wire_float32(norms, name, f"l{self.p:g}-norm")
         if self.norm_compression == "natural":
             sent = natural_round(sent, second_key(key), self.rng)  # an independent draw
         else:

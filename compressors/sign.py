@@ -27,7 +27,7 @@ import torch
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from grace.stochastic import kernels_enabled, use_kernels
-from grace.validation import PayloadError, check_range, expect_payload
+from grace.validation import PayloadError, check_range, expect_payload, wire_float32
 from grace.wire import pack_bits, packed_nbytes, unpack_bits
 
 
@@ -57,7 +57,8 @@ class SignCompressor(Compressor):
         signs, stats = sign_plane(x, stats=self.num_scales > 0)
         if stats is None:
             return (signs,), TensorInfo.of(tensor)
-        return (signs, self.scales(x, stats).to(torch.float32)), TensorInfo.of(tensor)
+        scales = wire_float32(self.scales(x, stats), name, "scale")
+        return (signs, scales), TensorInfo.of(tensor)
 
     def check(self, payload: Payload, ctx: TensorInfo) -> None:
         """Raise `PayloadError` unless `payload` has this method's layout for `ctx`."""

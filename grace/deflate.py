@@ -54,4 +54,7 @@ def inflate(stream: torch.Tensor, expected: int) -> torch.Tensor:
         raise PayloadError(f"DEFLATE section expands to {len(out)} bytes"
                            f"{' (truncated stream)' if not unpacker.eof else ''}"
                            f", expected exactly {expected}")
+    if unpacker.unused_data:
+        raise PayloadError(f"DEFLATE section has {len(unpacker.unused_data)} bytes after the "
+                           "end of its stream")
     return byte_tensor(out, stream.device)

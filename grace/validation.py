@@ -96,6 +96,19 @@ def expect_payload(tensor: torch.Tensor, numel: int, dtype: torch.dtype, what: s
         raise PayloadError(f"{what} holds {tensor.numel()} elements, expected {numel}")
 
 
+def wire_float32(values: torch.Tensor, name: str, what: str) -> torch.Tensor:
+    """`values` (norms, scales) as the float32 scalars a payload carries; raise, naming the
+    tensor, if a finite value lies beyond float32's range (it would arrive as Inf)."""
+    limit = torch.finfo(torch.float32).max
+    if values.numel() and bool((values.abs() > limit).any()):
+        worst = float(values.abs().max())
+        kind = "non-finite" if not math.isfinite(worst) else f"{worst:.3e}"
+        raise NonFiniteError(f"tensor '{name}': its {what} ({kind}) does not fit the float32 "
+                             f"the payload carries (largest finite {limit:.3e}); the tensor "
+                             "cannot be encoded by this compressor")
+    return values.to(torch.float32)
+
+
 def num_kept(numel: int, ratio: float) -> int:
     """k = max(1, floor(ratio * d)) for a non-empty tensor, 0 for an empty one."""
     if numel == 0:

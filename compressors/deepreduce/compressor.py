@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from compressors.cast import saturating_cast
 from compressors.deepreduce.codec import (INDEX_CODECS, VALUE_CODECS, CodecCtx, IndexCodec,
                                           Selection, ValueCodec, check_index_set)
 from compressors.deepreduce.container import (HEADER_BYTES, Flag, Header, pack_container,
@@ -129,7 +130,10 @@ class DeepReduce(Compressor):
             flags = self._expected_flags(Flag.FULL if full else Flag(0))
             sel = (Selection(indices, flat) if full
                    else self.index.select(indices, flat, ctx.codec))
-            value_sec, order = self.value.encode(sel.values.to(torch.float32), ctx.codec)
+            values32, saturated = saturating_cast(sel.values, torch.float32)
+            if saturated:
+                self.metrics.add("saturated", saturated)
+            value_sec, order = self.value.encode(values32, ctx.codec)
             positions, n = sel.values_at, sel.values_at.numel()
             if Flag.VALUE_ORDER in flags:
                 positions = positions[order]

@@ -28,7 +28,9 @@ class LosslessIndexCodec(IndexCodec):
         return self.pack(indices.to(torch.int64), ctx.d)
 
     def decode(self, section: torch.Tensor, n: int, ctx: CodecCtx) -> torch.Tensor:
-        return self.unpack(section, n, ctx.d)
+        positions = self.unpack(section, n, ctx.d)
+        check_index_set(positions, ctx.d, self.label, ascending=not self.any_order)
+        return positions
 
     @abstractmethod
     def pack(self, indices: torch.Tensor, d: int) -> torch.Tensor:

@@ -27,11 +27,19 @@ from compressors.lgc.autoencoder import Decoder, Encoder, pad, padded_length
 from compressors.lgc.layout import Groups, Plan
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.sparse import desparsify, index_mask
-from grace.validation import ConfigError, check_choice, check_range, check_ratio
+from grace.validation import (ConfigError, PayloadError, check_choice, check_range,
+                              check_ratio, expect_payload)
 from grace.wire import payload_nbytes
 
 SCALE_EPS = 1e-12
 
+
+
+def expect_dense(payload: Payload, info: TensorInfo, what: str) -> None:
+    """Raise `PayloadError` unless `payload` is one dense tensor of `info`'s size and dtype."""
+    if len(payload) != 1:
+        raise PayloadError(f"{what} has {len(payload)} tensors, expected 1 (dense phase)")
+    expect_payload(payload[0], info.numel, info.dtype, what)
 
 @dataclass(frozen=True, eq=False)
 class LGCCtx:

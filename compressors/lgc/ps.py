@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
-from compressors.lgc.base import LGC, LGCCtx, options
+from compressors.lgc.base import LGC, LGCCtx, expect_dense, options
 from compressors.lgc.layout import Plan
 from grace.compressor import Payload, TensorInfo
 from grace.registry import COMPRESSORS
@@ -138,6 +138,8 @@ class LGCPS(LGC):
             self.metrics.add("lgc_others_bytes",
                              (sum(sizes) - sizes[leader]) / (len(sizes) - 1))
         if ctx.phase == 1:
+            for rank, payload in enumerate(payloads):
+                expect_dense(payload, ctx.info, f"lgc_ps phase-1 payload of rank {rank}")
             return torch.stack([p[0] for p in payloads]).mean(0).view(ctx.info.shape)
         parts = [self.parse(p, ctx, rank) for rank, p in enumerate(payloads)]
         if ctx.phase == 2:
@@ -148,6 +150,7 @@ class LGCPS(LGC):
     def decode(self, payload: Payload, ctx: LGCCtx) -> torch.Tensor:
         """A single payload on its own (a world of one); in phase 3 it must carry the latent."""
         if ctx.phase == 1:
+            expect_dense(payload, ctx.info, "lgc_ps phase-1 payload")
             return payload[0].view(ctx.info.shape)
         part = self.parse(payload, ctx, self.rank)
         if ctx.phase == 3 and ctx.plan.mu and not part.latent.numel():

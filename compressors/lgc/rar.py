@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
-from compressors.lgc.base import LGC, SCALE_EPS, LGCCtx
+from compressors.lgc.base import LGC, SCALE_EPS, LGCCtx, expect_dense
 from compressors.lgc.layout import Plan
 from grace.compressor import Payload, TensorInfo
 from grace.registry import COMPRESSORS
@@ -149,6 +149,7 @@ class LGCRar(LGC):
         """The sum over ranks of the joint payload -> K x the mean flat gradient (the
         allreduce communicator divides by K): in phase 3 M is crop(D(z_sum / K)) * s * K."""
         if ctx.phase == 1:
+            expect_dense(payload, ctx.info, "lgc_rar phase-1 payload")
             return payload[0].view(ctx.info.shape)
         plan, dense = ctx.plan, payload[0]
         out = torch.zeros(plan.n, dtype=ctx.info.dtype, device=dense.device)
