@@ -15,7 +15,7 @@ count differs is rejected as a malformed payload. Capabilities follow the stages
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ import torch
 
 from grace.compressor import Compressor, Payload
 from grace.metrics import Metrics
+from grace.pipeline import make_part
 from grace.registry import COMPRESSORS
 from grace.validation import ConfigError, PayloadError
 
@@ -35,14 +36,16 @@ class ComposeCtx:
 
 @COMPRESSORS.register("compose")
 class Compose(Compressor):
-    """Apply `compressors` in order, each to the values kept by the previous one."""
+    """Apply `compressors` in order, each to the values kept by the previous one. Stages are
+    instances, registry names or mappings (``Compose([{"name": "topk", "ratio": 0.01},
+    "natural"])``)."""
 
     default_communicator = "allgather"
     default_memory = "residual"
 
-    def __init__(self, compressors: Sequence[Compressor]) -> None:
+    def __init__(self, compressors: Sequence[Compressor | str | Mapping[str, Any]]) -> None:
         super().__init__()
-        stages = list(compressors)
+        stages = [make_part(c, COMPRESSORS, Compressor) for c in compressors]
         if len(stages) < 2:
             raise ConfigError(f"{self.label}: option 'compressors' needs at least two "
                               f"compressors, got {len(stages)}")

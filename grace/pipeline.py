@@ -139,7 +139,10 @@ class Grace:
 Spec = str | Mapping[str, Any] | Compressor | Memory | Communicator | None
 
 
-def _make(spec: Spec, registry: Registry, base: type) -> Any:
+def make_part(spec: Spec, registry: Registry, base: type) -> Any:
+    """An instance of `base` from a registry name, a mapping with ``name`` (and options) or
+    ``_target_``, or an instance (returned as is). Wrappers such as DeepReduce use it for
+    their nested parts."""
     if isinstance(spec, base):
         return spec
     if isinstance(spec, str):
@@ -165,8 +168,8 @@ def build(compressor: Spec = "none", memory: Spec = None, communicator: Spec = N
 
         grace = build({"name": "topk", "ratio": 0.01})
     """
-    comp = _make(compressor, COMPRESSORS, Compressor)
-    mem = _make(memory if memory is not None else comp.default_memory, MEMORIES, Memory)
-    comm = _make(communicator if communicator is not None else comp.default_communicator,
+    comp = make_part(compressor, COMPRESSORS, Compressor)
+    mem = make_part(memory if memory is not None else comp.default_memory, MEMORIES, Memory)
+    comm = make_part(communicator if communicator is not None else comp.default_communicator,
                  COMMUNICATORS, Communicator)
     return Grace(comp, mem, comm, check_finite=check_finite)

@@ -32,7 +32,7 @@ from compressors.randomk import RandomK, RandomKCtx
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.communicator import Communicator
 from grace.metrics import Metrics
-from grace.pipeline import _make as make_part
+from grace.pipeline import make_part
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams, stable_hash
 from grace.sparse import Sparsifier
