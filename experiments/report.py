@@ -35,7 +35,9 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.loggers import WandbLogger, import_wandb, wandb_mode
 from experiments.train import CONFIG_DIR, format_bytes
 
-HIDDEN_OPTIONS = re.compile(r"^(logger|hydra|trainer\.(progress|timeout_s|collective_timeout_s))\b")
+# method.*: what a configs/method preset hands to the experiment (it also sets the trainer
+# option itself, which is shown)
+HIDDEN_OPTIONS = re.compile(r"^(logger|hydra|method|trainer\.(progress|timeout_s|collective_timeout_s))\b")
 STANDARD_BYTES = {"dense_bytes", "wire_bytes", "sent_bytes"}
 ALWAYS_SHOWN = ("ratio",)  # the fraction kept: the key option of every sparsifier
 
@@ -93,6 +95,8 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
         for key, value in node.items():
             out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
         return out
+    if isinstance(node, list) and any(isinstance(v, dict) for v in node):  # a list of parts
+        return _flatten({str(i): v for i, v in enumerate(node)}, prefix)
     return {prefix: tuple(node) if isinstance(node, list) else node}
 
 

@@ -89,8 +89,10 @@ def test_aggregate_is_the_mean_of_the_decoded_payloads():
 def test_bad_compositions_and_payloads():
     with pytest.raises(ConfigError, match="at least two"):
         Compose([TopK(0.1)])
-    with pytest.raises(ConfigError, match=r"compressors\[1\]"):
-        Compose([TopK(0.1), "natural"])
+    with pytest.raises(ConfigError, match=r"compressors\[1\] must be a per-tensor"):
+        Compose([TopK(0.1), "lgc_rar"])
+    with pytest.raises(ConfigError, match="a name, a mapping or a Compressor"):
+        Compose([TopK(0.1), 42])
     c = Compose([Natural(), TopK(0.1)])
     with pytest.raises(TypeError, match="floating-point"):
         c.compress(gaussian(10), "t")
