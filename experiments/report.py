@@ -39,7 +39,7 @@ from experiments.train import CONFIG_DIR, format_bytes
 # option itself, which is shown)
 HIDDEN_OPTIONS = re.compile(r"^(logger|hydra|method|trainer\.(progress|timeout_s|collective_timeout_s))\b")
 STANDARD_BYTES = {"dense_bytes", "wire_bytes", "sent_bytes"}
-ALWAYS_SHOWN = ("ratio",)  # the fraction kept: the key option of every sparsifier
+ALWAYS_SHOWN = ("ratio", "fpr")  # the fraction kept by a sparsifier; a Bloom filter's rate
 
 
 @dataclass
@@ -107,6 +107,12 @@ def _varies(key: str, flats: Sequence[dict[str, Any]]) -> bool:
     return len({repr(f.get(key)) for f in flats}) > 1
 
 
+def _varies_among(key: str, flats: Sequence[dict[str, Any]]) -> bool:
+    """Whether `key` differs among the runs that have it (a nested part's options count only
+    among the runs that use that part)."""
+    return _varies(key, [f for f in flats if key in f])
+
+
 def _option(key: str, value: Any) -> str:
     if key.endswith("_target_"):  # a nested part: show its class
         return f"{key.rsplit('.', 1)[0] or key}={str(value).rsplit('.', 1)[-1]}"
@@ -145,7 +151,7 @@ def describe(runs: Sequence[Run]) -> list[dict[str, str]]:
                 if not key.startswith(f"{part}.") or option == "_target_":
                     continue
                 if (option.rsplit(".", 1)[-1] in ALWAYS_SHOWN or option.endswith("._target_")
-                        or defaults.get(option, value) != value or _varies(key, peers)):
+                        or defaults.get(option, value) != value or _varies_among(key, peers)):
                     shown.append(_option(option, value))
             row[part] = f"{name}({', '.join(shown)})" if shown else name
         row["options"] = ", ".join(_option(k, flat.get(k)) for k in rest)
@@ -266,10 +272,48 @@ def pareto_front(points: Sequence[tuple[float, float]], higher_is_better: bool) 
     return front
 
 
+def _many_lines(plt: Any, *axes: Any) -> None:
+    """Up to 40 distinguishable lines: the 20 colours of tab20, solid then dashed."""
+    from cycler import cycler
+    colors = [plt.get_cmap("tab20")(i) for i in range(20)]
+    style = cycler(linestyle=["-", "--"]) * cycler(color=colors)
+    for ax in axes:
+        ax.set_prop_cycle(style)
+
+
+def _legend(ax: Any) -> None:
+    """A legend beside the axes when it would cover the lines (more than 8 entries)."""
+    if len(ax.get_legend_handles_labels()[1]) > 8:
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=7)
+
+
+def plot_labels(runs: Sequence[Run]) -> list[str]:
+    """Short legend labels: the compressor's name, its options that differ among the runs of
+    that compressor, and the other varying options where a run departs from the most common
+    value (a sweep's one small step size shows; the step size every run shares does not)."""
+    flats = [_flatten(r.config) for r in runs]
+    names = [r.summary.get("compressor", "?") for r in runs]
+    keys = list(dict.fromkeys(k for f in flats for k in f))
+    rest = [k for k in keys if not k.startswith(tuple(f"{p}." for p in PARTS))
+            and not HIDDEN_OPTIONS.match(k) and _varies(k, flats)]
+    labels = []
+    for name, flat in zip(names, flats):
+        peers = [f for n, f in zip(names, flats) if n == name]
+        shown = [_option(k[len("compressor."):], v) for k, v in flat.items()
+                 if k.startswith("compressor.") and _varies_among(k, peers)]
+        for k in rest:
+            values = [repr(f.get(k)) for f in flats]
+            if repr(flat.get(k)) != max(set(values), key=values.count):
+                shown.append(_option(k, flat.get(k)))
+        labels.append(f"{name}({', '.join(shown)})" if shown else name)
+    return labels
+
+
 def plot_all(plt: Any, runs: Sequence[Run], table: Table, out: Path) -> list[Path]:
     """Write every plot that the runs have data for; return their paths."""
-    labels = [row["compressor"] + (f" [{row['options']}]" if row.get("options") else "")
-              for row in table.rows]
+    labels = plot_labels(runs)
     if len(set(labels)) < len(labels):
         labels = [f"{label} ({row['run']})" for label, row in zip(labels, table.rows)]
     paths = []
@@ -287,8 +331,11 @@ def plot_all(plt: Any, runs: Sequence[Run], table: Table, out: Path) -> list[Pat
         points = [(r.summary["wire_bytes_per_step"], r.summary[metric]) for _, r in scored]
         fig, ax = plt.subplots(figsize=(7, 4.5))
         ax.scatter([p[0] for p in points], [p[1] for p in points])
-        for (i, _), (x, y) in zip(scored, points):
-            ax.annotate(labels[i], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        # neighbours along the x axis get labels at staggered heights
+        order = sorted(range(len(points)), key=lambda j: points[j][0])
+        for rank, j in enumerate(order):
+            ax.annotate(labels[scored[j][0]], points[j], fontsize=6, rotation=20,
+                        xytext=(3, 3 + 9 * (rank % 3)), textcoords="offset points")
         front = pareto_front(points, higher)
         ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post",
                 color="tab:red", label="Pareto front")
@@ -311,6 +358,7 @@ def plot_all(plt: Any, runs: Sequence[Run], table: Table, out: Path) -> list[Pat
 
     if table.networks:
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        _many_lines(plt, ax)
         gbps = [float(n.removesuffix("Gbps")) for n in table.networks]
         for label, row in zip(labels, table.rows):
             ax.plot(gbps, [row.get(f"speedup@{n}") or math.nan for n in table.networks],
@@ -318,10 +366,11 @@ def plot_all(plt: Any, runs: Sequence[Run], table: Table, out: Path) -> list[Pat
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(xscale="log", xlabel="bandwidth (Gbps)", ylabel="speedup over dense allreduce",
                title="projected speedup (grace.network)")
-        ax.legend(fontsize=7)
+        _legend(ax)
         save(fig, "speedup")
 
     fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
+    _many_lines(plt, ax_loss, ax_metric)
     for label, run in zip(labels, runs):
         loss = [s["loss"] for s in run.steps]
         ax_loss.plot([s["step"] for s in run.steps], _smooth(loss, max(1, len(loss) // 50)),
@@ -330,20 +379,21 @@ def plot_all(plt: Any, runs: Sequence[Run], table: Table, out: Path) -> list[Pat
                        marker=".", label=label)
     ax_loss.set(xlabel="step", ylabel="training loss (moving average)", title="training loss")
     ax_metric.set(xlabel="step", ylabel=metric, title=f"{metric} over training")
-    ax_loss.legend(fontsize=7)
+    _legend(ax_metric)
     save(fig, "loss")
 
     with_quality = [(label, run) for label, run in zip(labels, runs)
                     if any("quality" in s for s in run.steps)]
     if with_quality:
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        _many_lines(plt, ax)
         for label, run in with_quality:
             ax.plot([s["step"] for s in run.steps if "quality" in s],
                     [s["quality"] for s in run.steps if "quality" in s], label=label)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(xlabel="step", ylabel="achieved k / target k",
                title="estimation quality of threshold sparsifiers")
-        ax.legend(fontsize=7)
+        _legend(ax)
         save(fig, "quality")
     return paths
 

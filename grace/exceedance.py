@@ -66,7 +66,7 @@ def check_backend(backend: str, owner: str) -> str:
     check_choice(backend, BACKENDS, owner, "backend")
     if backend == "numba" and not numba_installed():
         raise MissingDependency(f"{owner}: option backend='numba' needs numba; install it "
-                                "with `pip install gracecomm[fast]` or use backend=auto/torch")
+                                "with `pip install 'numba>=0.59'` or use backend=auto/torch")
     return backend
 
 
@@ -145,5 +145,5 @@ def _kernels() -> Any:
         from grace import _exceedance_numba
     except ImportError as err:  # pragma: no cover - guarded by use_numba/check_backend
         raise MissingDependency("the numba backend needs numba: "
-                                "pip install gracecomm[fast]") from err
+                                "pip install 'numba>=0.59'") from err
     return _exceedance_numba

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from experiments.loggers import JsonlLogger
-from experiments.report import load_runs, log_to_wandb, main, pareto_front, write_report
+from experiments.report import (describe, load_runs, log_to_wandb, main, pareto_front,
+                                plot_labels, write_report)
 from tests.test_train import train
 
 
@@ -78,6 +79,29 @@ def test_varying_options_outside_the_method_get_a_column(tmp_path):
     (tmp_path / "1_b" / "metrics.jsonl").write_text(lines)
     rows = write_report(tmp_path, plots=False).table.rows
     assert [r["options"] for r in rows] == ["trainer.lr=0.1", "trainer.lr=0.2"]
+
+
+def test_labels_name_what_sets_a_run_apart(tmp_path):
+    """Plot labels carry the compressor options that differ among its runs and the other
+    options only where a run departs from the common value; a nested part's options count
+    only among the runs that use that part."""
+    fake_run(tmp_path / "0_a", "topk", 0.01, 50.0, 1000.0)
+    fake_run(tmp_path / "1_b", "topk", 0.001, 60.0, 100.0)
+    fake_run(tmp_path / "2_c", "dgc", 0.01, 70.0, 100.0)
+    fake_run(tmp_path / "3_d", "deepreduce", 0.01, 70.0, 100.0)
+    fake_run(tmp_path / "4_e", "deepreduce", 0.01, 70.0, 100.0)
+    for run, index, lr in (("3_d", '{"_target_": "a.PackedIndex"}', 0.1),
+                           ("4_e", '{"_target_": "a.BloomIndex", "fpr": 0.01, "kernel": "auto"}',
+                            0.001)):
+        path = tmp_path / run / "metrics.jsonl"
+        path.write_text(path.read_text().replace('"ratio": 0.01', f'"ratio": 0.01, "index": {index}')
+                        .replace('"lr": 0.1', f'"lr": {lr}'))
+    runs = load_runs(tmp_path)
+    assert plot_labels(runs) == [
+        "topk(ratio=0.01)", "topk(ratio=0.001)", "dgc", "deepreduce(index=PackedIndex)",
+        "deepreduce(index=BloomIndex, trainer.lr=0.001)"]
+    bloom = describe(runs)[4]["compressor"]
+    assert bloom == "deepreduce(ratio=0.01, index=BloomIndex, index.fpr=0.01)"  # no kernel
 
 
 @pytest.mark.parametrize("higher,front", [(True, [1, 0, 3]), (False, [1, 2])])

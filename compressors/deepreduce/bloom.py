@@ -189,7 +189,7 @@ class BloomIndex(IndexCodec):
         self.compiled = kernel == "numba" or (kernel == "auto" and numba_available())
         if kernel == "numba" and not numba_available():
             raise MissingDependency(f"{self.label}: kernel 'numba' needs numba: pip install "
-                                    "'gracecomm[fast]', or set kernel: python")
+                                    "'numba>=0.59', or set kernel: python")
         self.reseed_every_step = bool(reseed_every_step)
         self.table_slices = check_range(table_slices, self.label, "table_slices", 0,
                                         integer=True)

@@ -126,7 +126,7 @@ def p2_kernel(mode: str, compiled: bool) -> Callable[..., np.ndarray]:
                 import numba
             except ImportError:
                 raise MissingDependency("the compiled P2 kernel needs numba: pip install "
-                                        "'gracecomm[fast]', or set kernel: python") from None
+                                        "'numba>=0.59', or set kernel: python") from None
             fn = numba.njit(cache=True, nogil=True)(fn)
         _KERNELS[key] = fn
     return _KERNELS[key]

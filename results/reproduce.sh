@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Re-runs every experiment of results/README.md, one at a time (each uses 2 Gloo ranks), and
+# copies the reports here. Run from the repository root, with the project installed:
+#   bash results/reproduce.sh            # 2-core CPU: about an hour
+#   bash results/reproduce.sh sidco lgc  # only these steps
+set -euo pipefail
+OUT=multirun/results
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce lgc sparse_model \
+  bench_sidco bench_fig10 natural_table1 powersgd_vs_torch long_run)
+
+sweep() {  # sweep NAME [overrides...]: one experiment sweep into $OUT/NAME, report copied
+  local name=$1; shift
+  python -m experiments.train -m "+experiment=$name" trainer.progress=false "$@" "hydra.sweep.dir=$OUT/$name"
+  mkdir -p "results/$name"
+  cp "$OUT/$name"/report.{md,csv} "$OUT/$name"/*.png "results/$name/"
+}
+
+for step in "${steps[@]}"; do
+  echo "=== $step"
+  case $step in
+    grace_benchmark) sweep grace_benchmark experiment.small.epochs=10 ;;
+    sidco) sweep sidco ;;
+    natural) sweep natural seed=0,1,2 ;;
+    deepreduce) sweep deepreduce ;;
+    lgc) sweep lgc
+         python -m experiments.lgc_report "$OUT/lgc" > results/lgc/phases.md ;;
+    sparse_model) sweep sparse_model ;;
+    bench_sidco)
+      python -m experiments.bench sizes=[26214400] ratios=[0.01,0.001] \
+        distributions=[laplace,student_t] gradients=[] steps=20 repeats=3 \
+        hydra.run.dir=outputs/results/bench_sidco | tee results/bench_sidco.txt ;;
+    bench_fig10)
+      python -m experiments.bench suite=deepreduce_fig10 hydra.run.dir=outputs/results/bench_fig10 \
+        | tee results/bench_fig10.txt ;;
+    natural_table1) python -m experiments.natural_table1 | tee results/natural_table1.txt ;;
+    powersgd_vs_torch) python -m experiments.powersgd_vs_torch | tee results/powersgd_vs_torch.txt ;;
+    long_run)  # ~2,900 steps of the default experiment: state size and peak RSS over time
+      python -m experiments.train -m compressor=none,topk,dgc,sidco,powersgd,deepreduce trainer.epochs=130 trainer.progress=false \
+        "hydra.sweep.dir=$OUT/long_run"
+      mkdir -p results/long_run && cp "$OUT/long_run"/report.{md,csv} results/long_run/
+      python results/long_run.py "$OUT/long_run" | tee results/long_run/memory.md ;;
+    *) echo "unknown step '$step'" >&2; exit 2 ;;
+  esac
+done
