@@ -35,7 +35,8 @@ VARIANTS = {  # variant: (stage-1 model, model of the later stages)
     "sidco_gamma_gp": ("gamma", "gp"),
     "sidco_gp": ("gp", "gp"),
 }
-ADAPT_DEFAULTS = {"rule": "bidirectional", "interval": 5, "tolerance": 0.2, "scope": "tensor"}
+ADAPT_DEFAULTS = {"rule": "bidirectional", "interval": 5, "tolerance": 0.2, "scope": "tensor",
+                  "escape": False}
 EXACT_BELOW = 64  # G6: exceedance sets smaller than this are resolved exactly
 
 
@@ -113,12 +114,17 @@ class StageAdapter:
     ``paper``: every Q samples, M - 1 if r > 1 + eps, M + 1 if r < 1 - eps (Algorithm 1).
     ``bidirectional``: the first move follows the paper's guess, later moves keep their
     direction while the error shrinks and reverse when it grows; moves reflect at the bounds;
-    a local optimum (both neighbours recently worse) holds M for 4 windows.
+    a local optimum (both neighbours recently worse) holds M for 4 windows. With `escape`, a
+    local optimum still outside the tolerance first tries M + 2 (under-selection) or M - 2
+    (over-selection) when that count was not tried recently: a worse neighbour can hide a
+    better count behind it (the LSTM embedding of docs/sparsifiers.md sits at k_hat/k 0.06
+    between M = 1 and 2 while M = 3 gives about 0.8).
     ``off``: M stays where it was set."""
 
     def __init__(self, rule: str, interval: int, tolerance: float, m_max: int,
-                 stages: int = 1) -> None:
+                 stages: int = 1, escape: bool = False) -> None:
         self.rule, self.interval, self.tolerance = rule, interval, tolerance
+        self.escape = escape
         self.m_max = m_max
         self.stages = min(max(1, stages), m_max)
         self.last_move = 0
@@ -158,9 +164,15 @@ class StageAdapter:
             direction = self.last_move
         else:
             direction = -self.last_move
+        def recent(n: int) -> bool:
+            return n in self.seen and wid - self.seen[n][1] < 2 * self.m_max
+
         neighbours = [n for n in (m - 1, m + 1) if 1 <= n <= self.m_max]
-        if all(n in self.seen and wid - self.seen[n][1] < 2 * self.m_max
-               and self.seen[n][0] > err for n in neighbours):
+        if all(recent(n) and self.seen[n][0] > err for n in neighbours):
+            jump = m + (2 if r < 1.0 else -2)
+            if self.escape and 1 <= jump <= self.m_max and not recent(jump):
+                self.last_move, self.prev_err, self.stages = jump - m, err, jump
+                return
             self.hold, self.last_move, self.prev_err = 3, 0, err
             return
         target = m + direction
@@ -246,6 +258,9 @@ class SIDCo(ThresholdSparsifier):
         options["tolerance"] = float(check_range(options["tolerance"], self.label,
                                                  "adapt.tolerance", 0.0))
         check_choice(options["scope"], ("tensor", "global"), self.label, "adapt.scope")
+        if not isinstance(options["escape"], bool):
+            raise ConfigError(f"{self.label}: option 'adapt.escape' must be true or false, "
+                              f"got {options['escape']!r}")
         return options
 
     # -- adaptation state ---------------------------------------------------------------------
@@ -259,7 +274,7 @@ class SIDCo(ThresholdSparsifier):
         if key not in self.adapters:
             self.adapters[key] = StageAdapter(self.adapt["rule"], self.adapt["interval"],
                                               self.adapt["tolerance"], self.m_max,
-                                              self.initial_stages)
+                                              self.initial_stages, self.adapt["escape"])
         return self.adapters[key]
 
     def observe(self, name: str, k_hat: int, k: int) -> None:

@@ -189,6 +189,27 @@ def test_bidirectional_rule_step_by_step():
     assert a.stages == 2 and a.window == [] and a.last_move == 0
 
 
+def test_bidirectional_escape_leaves_a_local_optimum_once():
+    """With adapt.escape, the local optimum of the step-by-step test above tries M + 2 before
+    holding, comes back when that is worse, and then holds (M + 2 was tried recently)."""
+    a = StageAdapter("bidirectional", interval=1, tolerance=0.2, m_max=10, escape=True)
+    for q in (4.7, 3.5, 1.1, 0.5, 0.3):
+        a.observe(q)
+    assert a.stages == 3
+    a.observe(0.6)  # both neighbours worse, still under-selecting: try M = 5
+    assert (a.stages, a.last_move, a.hold) == (5, 2, 0)
+    a.observe(0.3)  # worse: back to 3
+    assert a.stages == 3
+    a.observe(0.6)  # 5 was tried recently: hold as without escape
+    assert a.stages == 3 and a.hold == 3
+
+
+def test_escape_option_is_checked():
+    with pytest.raises(ConfigError, match="adapt.escape"):
+        SIDCo(0.01, adapt={"escape": "yes"})
+    assert SIDCo(0.01, adapt={"escape": True}).adapter("g").escape
+
+
 @pytest.mark.parametrize("ratio", [0.01, 0.001])
 def test_count_corrected_stages(ratio):
     for kind in ("laplace", "gaussian", "t3", "gp"):
