@@ -12,7 +12,7 @@ raises instead of waiting for a result that never comes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from communicators.allgather import padded_payloads
 from grace.communicator import Communicator, Item, payload_device
 from grace.compressor import Compressor, Payload, TensorInfo
-from grace.config import instantiate
+from grace.pipeline import make_part
 from grace.registry import COMMUNICATORS, COMPRESSORS
 from grace.validation import ConfigError, IncompatibleError, check_range
 from grace.wire import payload_nbytes, to_bytes
@@ -34,23 +34,6 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uin
 class ServerError(RuntimeError):
     """The parameter server failed to aggregate a step; every rank raises this (the master
     raises the original error)."""
-
-
-def downlink_compressor(spec: Any) -> Compressor | None:
-    """None (dense), a registry name, a mapping with ``name`` or ``_target_``, or an instance."""
-    if spec is None or isinstance(spec, Compressor):
-        return spec
-    if isinstance(spec, str):
-        return COMPRESSORS.create(spec)
-    if isinstance(spec, Mapping):
-        params = dict(spec)
-        if "_target_" in params:
-            return instantiate(params)
-        if "name" in params:
-            return COMPRESSORS.create(params.pop("name"), **params)
-    raise ConfigError(f"communicator 'parameter_server': option 'downlink' must be null, a "
-                      f"compressor name, a mapping with 'name' or '_target_', or a Compressor; "
-                      f"got {spec!r}")
 
 
 def pack(payloads: Sequence[tuple[TensorInfo, Payload]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +81,12 @@ class ParameterServer(Communicator):
     def __init__(self, master_rank: int = 0, downlink: Any = None, group: Any = None) -> None:
         super().__init__(group)
         self.master_rank = check_range(master_rank, self.label, "master_rank", 0, integer=True)
-        self.downlink = downlink_compressor(downlink)
+        try:  # null (dense), a registry name, a mapping with name or _target_, or an instance
+            self.downlink = (None if downlink is None
+                             else make_part(downlink, COMPRESSORS, Compressor))
+        except ConfigError as err:
+            raise ConfigError(f"{self.label}: option 'downlink' must be null or a compressor: "
+                              f"{err}") from err
         if self.downlink is not None and self.downlink.model_level:
             raise IncompatibleError(f"{self.label}: option 'downlink' names "
                                     f"{self.downlink.label}, which compresses whole models; "

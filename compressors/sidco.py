@@ -258,9 +258,8 @@ class SIDCo(ThresholdSparsifier):
         options["tolerance"] = float(check_range(options["tolerance"], self.label,
                                                  "adapt.tolerance", 0.0))
         check_choice(options["scope"], ("tensor", "global"), self.label, "adapt.scope")
-        if not isinstance(options["escape"], bool):
-            raise ConfigError(f"{self.label}: option 'adapt.escape' must be true or false, "
-                              f"got {options['escape']!r}")
+        options["escape"] = bool(check_choice(options["escape"], (True, False), self.label,
+                                              "adapt.escape"))
         return options
 
     # -- adaptation state ---------------------------------------------------------------------

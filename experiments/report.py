@@ -113,6 +113,14 @@ def _varies_among(key: str, flats: Sequence[dict[str, Any]]) -> bool:
     return _varies(key, [f for f in flats if key in f])
 
 
+def _varying_options(flats: Sequence[dict[str, Any]]) -> list[str]:
+    """The config keys outside the compressor, memory and communicator that differ across the
+    runs (logging and timeouts left out)."""
+    keys = dict.fromkeys(k for f in flats for k in f)
+    return [k for k in keys if not k.startswith(tuple(f"{p}." for p in PARTS))
+            and not HIDDEN_OPTIONS.match(k) and _varies(k, flats)]
+
+
 def _option(key: str, value: Any) -> str:
     if key.endswith("_target_"):  # a nested part: show its class
         return f"{key.rsplit('.', 1)[0] or key}={str(value).rsplit('.', 1)[-1]}"
@@ -135,9 +143,7 @@ def describe(runs: Sequence[Run]) -> list[dict[str, str]]:
     vary among runs of the same name), and the other config options that vary across the
     runs (logging and timeouts left out)."""
     flats = [_flatten(r.config) for r in runs]
-    keys = list(dict.fromkeys(k for f in flats for k in f))
-    rest = [k for k in keys if not k.startswith(tuple(f"{p}." for p in PARTS))
-            and not HIDDEN_OPTIONS.match(k) and _varies(k, flats)]
+    rest = _varying_options(flats)
     out = []
     for run, flat in zip(runs, flats):
         row: dict[str, str] = {}
@@ -295,18 +301,17 @@ def plot_labels(runs: Sequence[Run]) -> list[str]:
     value (a sweep's one small step size shows; the step size every run shares does not)."""
     flats = [_flatten(r.config) for r in runs]
     names = [r.summary.get("compressor", "?") for r in runs]
-    keys = list(dict.fromkeys(k for f in flats for k in f))
-    rest = [k for k in keys if not k.startswith(tuple(f"{p}." for p in PARTS))
-            and not HIDDEN_OPTIONS.match(k) and _varies(k, flats)]
+    common = {}
+    for key in _varying_options(flats):
+        values = [repr(f.get(key)) for f in flats]
+        common[key] = max(set(values), key=values.count)
     labels = []
     for name, flat in zip(names, flats):
         peers = [f for n, f in zip(names, flats) if n == name]
         shown = [_option(k[len("compressor."):], v) for k, v in flat.items()
                  if k.startswith("compressor.") and _varies_among(k, peers)]
-        for k in rest:
-            values = [repr(f.get(k)) for f in flats]
-            if repr(flat.get(k)) != max(set(values), key=values.count):
-                shown.append(_option(k, flat.get(k)))
+        shown += [_option(k, flat.get(k)) for k, mode in common.items()
+                  if repr(flat.get(k)) != mode]
         labels.append(f"{name}({', '.join(shown)})" if shown else name)
     return labels
 
