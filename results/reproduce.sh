@@ -24,7 +24,8 @@ for step in "${steps[@]}"; do
     natural) sweep natural seed=0,1,2 ;;
     deepreduce) sweep deepreduce ;;
     lgc) sweep lgc
-         python -m experiments.lgc_report "$OUT/lgc" > results/lgc/phases.md ;;
+         python -m experiments.lgc_report "$OUT/lgc" > results/lgc/phases.md
+         python results/lgc_bound.py | tee results/lgc/bound.md ;;
     sparse_model) sweep sparse_model ;;
     bench_sidco)
       python -m experiments.bench sizes=[26214400] ratios=[0.01,0.001] \
