@@ -14,7 +14,6 @@ the same size, fitted on the first half of the steps and scored on the second:
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -23,14 +22,17 @@ from typing import Any
 
 import torch
 
+from compressors.lgc.base import SCALE_EPS
 from compressors.lgc.layout import Plan
 from compressors.lgc.rar import LGCRar
+from experiments.lgc_report import read_run
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 class RecordingRar(LGCRar):
-    """LGC_RAR that also saves every phase-2 autoencoder input (K x mu, unscaled) to `record`."""
+    """LGC_RAR that also saves its phase-2 autoencoder inputs (T x K x mu, unscaled) to
+    `record` once phase 2 ends."""
 
     def __init__(self, record: str, **options: Any) -> None:
         super().__init__(**options)
@@ -38,15 +40,16 @@ class RecordingRar(LGCRar):
 
     def train(self, plan: Plan, topk: torch.Tensor) -> None:
         self.vectors.append(topk.detach().float().cpu().clone())
-        torch.save(torch.stack(self.vectors), self.record)
+        if len(self.vectors) == self.ae_train_iters:
+            torch.save(torch.stack(self.vectors), self.record)
         super().train(plan, topk)
 
 
 def targets(vectors: torch.Tensor) -> torch.Tensor:
-    """The RAR training targets x_t = mean_k g~_k / s_t, s_t the mean RMS (spec Sec. 6)."""
-    v = vectors.double()
-    scale = v.pow(2).mean(-1).sqrt().mean(1)
-    return (v / scale[:, None, None]).mean(1)
+    """The RAR training targets x_t = mean_k g~_k / s_t with s_t = mean_k RMS(g~_k) + 1e-12,
+    as `LGCRar.train` scales them (spec Sec. 6)."""
+    scale = LGCRar.rms(vectors).mean(1, keepdim=True) + SCALE_EPS
+    return (vectors / scale).mean(1).double()
 
 
 def block_pca_rho(x: torch.Tensor, block: int, keep: int) -> float:
@@ -78,9 +81,11 @@ def main() -> None:
                        capture_output=True, text=True)
         if done.returncode:
             sys.exit(f"the recording run failed:\n{done.stderr[-4000:]}")
+        if not record.exists():
+            sys.exit(f"phase 2 did not end within --steps {args.steps}: raise it to the "
+                     "run's warmup_iters + ae_train_iters")
         x = targets(torch.load(record))
-        rho = [r["lgc_rho"] for r in map(json.loads, (run / "metrics.jsonl").open())
-               if "lgc_rho" in r]
+        rho = [s["lgc_rho"] for s in read_run(run)["steps"] if "lgc_rho" in s]
     gen = torch.Generator().manual_seed(0)
     noise = torch.randn(x.shape, generator=gen, dtype=torch.float64)
     a, b = x[:, :-1], x[:, 1:]

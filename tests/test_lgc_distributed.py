@@ -2,6 +2,8 @@
 in phase 1, top-k means with stand-in autoencoders, identical aggregates on every rank,
 bytes that match the spec's formulas, and 2- and 4-rank runs of the training entry point."""
 
+from statistics import fmean as mean
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -187,10 +189,6 @@ def test_lgc_trains_through_its_phases(tmp_path, name, world_size):
 SPEC_TRAINING = ("model=reference_cnn", "data=prototypes", "compressor.ratio=0.001",
                  "trainer.max_steps=1000", "trainer.epochs=100", "trainer.lr=0.1",
                  "trainer.eval_every=100")
-
-
-def mean(xs):
-    return sum(xs) / len(xs)
 
 
 @pytest.mark.slow
