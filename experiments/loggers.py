@@ -13,13 +13,15 @@ from grace.validation import ConfigError, MissingDependency
 
 
 class JsonlLogger:
-    """Append-only JSONL log (rank 0 only)."""
+    """JSONL log (rank 0 only): a new run replaces the run directory's metrics.jsonl, a run
+    resumed from a checkpoint (`append`) continues it."""
 
-    def __init__(self, run_dir: str, run_config: dict[str, Any], group: str | None = None) -> None:
+    def __init__(self, run_dir: str, run_config: dict[str, Any], group: str | None = None,
+                 append: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = self.path.open("a" if append else "w", encoding="utf-8")
         self.group = group
         self.write({"type": "config", "config": run_config, "group": group})
 
@@ -74,9 +76,10 @@ class WandbLogger(JsonlLogger):
     ``wandb sync``). Runs of one Hydra multirun share a W&B group."""
 
     def __init__(self, run_dir: str, run_config: dict[str, Any], group: str | None = None,
-                 project: str = "gracecomm", entity: str | None = None, mode: str = "auto",
-                 name: str | None = None, tags: list[str] | None = None) -> None:
-        super().__init__(run_dir, run_config, group)
+                 append: bool = False, project: str = "gracecomm", entity: str | None = None,
+                 mode: str = "auto", name: str | None = None,
+                 tags: list[str] | None = None) -> None:
+        super().__init__(run_dir, run_config, group, append)
         wandb = import_wandb()
         self.wandb = wandb
         self.run = wandb.init(project=project, entity=entity, group=group, name=name,

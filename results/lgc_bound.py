@@ -8,7 +8,8 @@ the same size, fitted on the first half of the steps and scored on the second:
   16 inputs, so the same 4x bottleneck);
 - the same bound on i.i.d. Gaussian vectors (1 - 1/4 = 0.75: nothing to exploit).
 
-    python results/lgc_bound.py              # ~30 s on 2 CPU cores (256 steps)
+    python results/lgc_bound.py                                  # ~40 s on 2 CPU cores
+    python results/lgc_bound.py model=resnet20 data.noise=4      # a network with batch norm
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def block_pca_rho(x: torch.Tensor, block: int, keep: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=256, help="training steps (phases 1+2)")
+    parser.add_argument("--steps", type=int, default=500, help="training steps (phases 1+2)")
     parser.add_argument("overrides", nargs="*", help="more experiments.train overrides")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

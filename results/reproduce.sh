@@ -11,6 +11,7 @@ steps=("$@")
 
 sweep() {  # sweep NAME [overrides...]: one experiment sweep into $OUT/NAME, report copied
   local name=$1; shift
+  rm -rf "${OUT:?}/$name"  # no stale runs from an earlier sweep in the report
   python -m experiments.train -m "+experiment=$name" trainer.progress=false "$@" "hydra.sweep.dir=$OUT/$name"
   mkdir -p "results/$name"
   cp "$OUT/$name"/report.{md,csv} "$OUT/$name"/*.png "results/$name/"

@@ -124,3 +124,16 @@ def test_report_goes_to_wandb_offline(tmp_path, monkeypatch):
 def test_report_of_an_empty_directory_fails_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="no finished run"):
         write_report(tmp_path)
+
+
+def test_jsonl_logger_replaces_old_metrics_unless_resumed(tmp_path):
+    """A second run into the same directory must not mix with the first run's records
+    (reports read every line); a run resumed from a checkpoint continues the file."""
+    def records():
+        return [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+
+    JsonlLogger(str(tmp_path), {"run": 1}).log({"type": "step", "step": 1})
+    JsonlLogger(str(tmp_path), {"run": 2}).log({"type": "step", "step": 1})
+    assert [r.get("config") for r in records()] == [{"run": 2}, None]
+    JsonlLogger(str(tmp_path), {"run": 2}, append=True).log({"type": "step", "step": 2})
+    assert [r["type"] for r in records()] == ["config", "step", "config", "step"]
