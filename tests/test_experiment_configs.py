@@ -155,6 +155,15 @@ def test_sparse_model_runs_deepreduce_without_a_sparsifier():
     assert {"none"} <= {compressor_name(c) for c in sweep_compressors("sparse_model").values()}
 
 
-def test_lgc_sweeps_both_variants():
-    names = {compressor_name(c) for c in sweep_compressors("lgc").values()}
-    assert {"lgc_ps", "lgc_rar", "none"} <= names
+def test_lgc_compares_both_variants_with_top_k_and_dgc_at_one_density():
+    """The byte ratios against Top-k need the same density in every run, and the spec's
+    phase lengths apply to both variants."""
+    cfgs = sweep_compressors("lgc")
+    assert sorted(compressor_name(c) for c in cfgs.values()) == [
+        "dgc", "lgc_ps", "lgc_rar", "none", "topk"]
+    for job, cfg in cfgs.items():
+        if "ratio" in cfg.compressor:
+            assert cfg.compressor.ratio == cfg.experiment.ratio == 0.02, job
+        if compressor_name(cfg).startswith("lgc"):
+            phases = (cfg.compressor.warmup_iters, cfg.compressor.ae_train_iters)
+            assert phases == (200, 300), job

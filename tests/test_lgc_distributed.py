@@ -172,6 +172,8 @@ def test_lgc_trains_through_its_phases(tmp_path, name, world_size):
     assert [s["lgc_phase"] for s in steps] == [1] * 4 + [2] * 12 + [3] * 8
     assert all(torch.isfinite(torch.tensor(s["loss"])) for s in steps)
     assert all("lgc_recon_loss" in s for s in steps[4:16])
+    if name == "lgc_ps":  # mean slot-wise cosine of the workers' vectors, a diagnostic
+        assert all(-1 <= s["lgc_worker_cos"] <= 1 for s in steps[4:16])
     assert sum("ae_sync_bytes" in s for s in steps) == 1  # rank 0 trains and sends the weights
     wire = [s["wire_bytes"] - s.get("ae_sync_bytes", 0) for s in steps]
     assert max(wire[16:]) < min(wire[4:16]) < min(wire[:4]) / 10
