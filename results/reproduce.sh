@@ -25,7 +25,7 @@ for step in "${steps[@]}"; do
     natural) sweep natural seed=0,1,2 ;;
     deepreduce) sweep deepreduce ;;
     lgc) sweep lgc
-         python -m experiments.lgc_report "$OUT/lgc" > results/lgc/phases.md
+         python -m experiments.lgc_report "$OUT/lgc" --plot results/lgc/recon.png > results/lgc/phases.md
          python results/lgc_bound.py | tee results/lgc/bound.md ;;
     sparse_model) sweep sparse_model ;;
     bench_sidco)
