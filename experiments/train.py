@@ -295,7 +295,8 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     logger = None
     if rank == 0:
         logger = instantiate(cfg.logger, run_dir=run_dir, group=group,
-                             append=resumed is not None, run_config=OmegaConf.to_container(cfg, resolve=True),
+                             run_config=OmegaConf.to_container(cfg, resolve=True),
+                             append=resumed is not None,  # a new run starts a new log
                              allow_any_target=allow, _recursive_=False, _convert_="all")
     progress = None
     if rank == 0 and t.progress:

@@ -9,10 +9,15 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce lgc sparse_model \
   bench_sidco bench_fig10 natural_table1 powersgd_vs_torch long_run)
 
+train_into() {  # train_into DIR [overrides...]: a multirun into an emptied $OUT/DIR
+  local dir=$1; shift
+  rm -rf "${OUT:?}/$dir"  # no stale runs from an earlier sweep in the report
+  python -m experiments.train -m trainer.progress=false "$@" "hydra.sweep.dir=$OUT/$dir"
+}
+
 sweep() {  # sweep NAME [overrides...]: one experiment sweep into $OUT/NAME, report copied
   local name=$1; shift
-  rm -rf "${OUT:?}/$name"  # no stale runs from an earlier sweep in the report
-  python -m experiments.train -m "+experiment=$name" trainer.progress=false "$@" "hydra.sweep.dir=$OUT/$name"
+  train_into "$name" "+experiment=$name" "$@"
   mkdir -p "results/$name"
   cp "$OUT/$name"/report.{md,csv} "$OUT/$name"/*.png "results/$name/"
 }
@@ -38,8 +43,7 @@ for step in "${steps[@]}"; do
     natural_table1) python -m experiments.natural_table1 | tee results/natural_table1.txt ;;
     powersgd_vs_torch) python -m experiments.powersgd_vs_torch | tee results/powersgd_vs_torch.txt ;;
     long_run)  # ~2,900 steps of the default experiment: state size and peak RSS over time
-      python -m experiments.train -m compressor=none,topk,dgc,sidco,powersgd,deepreduce trainer.epochs=130 trainer.progress=false \
-        "hydra.sweep.dir=$OUT/long_run"
+      train_into long_run compressor=none,topk,dgc,sidco,powersgd,deepreduce trainer.epochs=130
       mkdir -p results/long_run && cp "$OUT/long_run"/report.{md,csv} results/long_run/
       python results/long_run.py "$OUT/long_run" | tee results/long_run/memory.md ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;

@@ -46,10 +46,6 @@ def values(experiment: str, key: str) -> list[str]:
     return list(override.sweep_string_iterator())
 
 
-def compose_job(overrides: list[str]) -> DictConfig:
-    return compose_train(*overrides)
-
-
 def compressor_name(cfg: DictConfig) -> str:
     cls = get_class(cfg.compressor._target_)
     return next(n for n in registry.available("compressor") if registry.get("compressor", n) is cls)
@@ -68,14 +64,14 @@ def test_sweep_names_registered_compressors_and_existing_presets(experiment):
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_job_of_the_sweep_composes_and_builds(experiment):
     for overrides in jobs(experiment):
-        cfg = compose_job(overrides)
+        cfg = compose_train(*overrides)
         validate(cfg)  # what experiments.train checks before any worker starts
         pipeline = build_grace(cfg)
         assert pipeline.compressor is not None, overrides
 
 
 def sweep_compressors(experiment: str, *arguments: str) -> dict[str, DictConfig]:
-    return {" ".join(o for o in job if not o.startswith("+experiment")): compose_job(job)
+    return {" ".join(o for o in job if not o.startswith("+experiment")): compose_train(*job)
             for job in jobs(experiment, *arguments)}
 
 

@@ -234,7 +234,7 @@ class LGCPS(LGC):
         norm = float(x.pow(2).sum())
         lam1, lam2 = float(self.ae["lambda1"]), float(self.ae["lambda2"])
         if len(parts) > 1:  # how much a code of x_r can tell about x_k: slot-wise cosine
-            unit = x / x.norm(dim=1, keepdim=True).clamp_min(1e-30)
+            unit = nn.functional.normalize(x, dim=1)
             cos = unit @ unit.T
             pairs = len(parts) * (len(parts) - 1)
             self.metrics.add("lgc_worker_cos", float((cos.sum() - cos.trace()) / pairs))
