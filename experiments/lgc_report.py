@@ -31,6 +31,14 @@ def read_run(run_dir: Path) -> dict[str, Any]:
                                                         if evals else float("nan"))}
 
 
+def run_name(run: dict[str, Any]) -> str:
+    """The compressor's name; LGC_PS at the leader's indices is marked as such."""
+    name = run["summary"].get("compressor", run["dir"].name)
+    if run["config"].get("compressor", {}).get("indices") == "leader":
+        name += " indices=leader"
+    return name
+
+
 def _mean(steps: Sequence[dict[str, Any]], key: str) -> float:
     values = [s[key] for s in steps if key in s]
     return fmean(values) if values else float("nan")
@@ -39,7 +47,7 @@ def _mean(steps: Sequence[dict[str, Any]], key: str) -> float:
 def phase_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per phase (or one for a run without phases): per-step means of rank 0's
     statistics; for LGC_PS the master's view of the leader's and the others' uplink."""
-    name = run["summary"].get("compressor", "?")
+    name = run_name(run)
     by_phase: dict[int, list[dict[str, Any]]] = {}
     for s in run["steps"]:
         by_phase.setdefault(int(s.get("lgc_phase", 0)), []).append(s)
@@ -64,6 +72,8 @@ def phase_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
             "rho_last": fmean([s["lgc_rho"] for s in steps if "lgc_rho" in s][-50:] or [
                 float("nan")]),
             "ae_sync_bytes": sum(s.get("ae_sync_bytes", 0) for s in steps),
+            "worker_cos": _mean(steps, "lgc_worker_cos"),
+            "index_overlap": _mean(steps, "lgc_index_overlap"),
             "accuracy": run["accuracy"],
         })
     return rows
@@ -107,6 +117,11 @@ def report(runs: Sequence[dict[str, Any]]) -> str:
     syncs = [f"{r['run']}: {r['ae_sync_bytes']:.0f} B" for r in rows if r["ae_sync_bytes"]]
     if syncs:
         lines.append(f"\nOne-time autoencoder transfer (rank 0's share): {', '.join(syncs)}")
+    similar = [f"{r['run']}: {r['worker_cos']:.2f} / {r['index_overlap']:.2f}" for r in rows
+               if r["worker_cos"] == r["worker_cos"]]
+    if similar:
+        lines.append(f"\nPhase 2, the workers' top-k vectors (mean over pairs), slot-wise cosine / "
+                     f"share of indices in common: {', '.join(similar)}")
     return "\n".join(lines)
 
 
@@ -121,7 +136,7 @@ def plot_reconstruction(runs: Sequence[dict[str, Any]], path: str) -> None:
     for run in runs:
         points = [(s["step"], s["lgc_recon_loss"]) for s in run["steps"] if "lgc_recon_loss" in s]
         if points:
-            ax.plot(*zip(*points), label=run["summary"].get("compressor", run["dir"].name))
+            ax.plot(*zip(*points), label=run_name(run))
     ax.set_xlabel("step")
     ax.set_ylabel("reconstruction loss (RMS-scaled inputs)")
     ax.set_yscale("log")

@@ -153,10 +153,12 @@ def test_sparse_model_runs_deepreduce_without_a_sparsifier():
 
 def test_lgc_compares_both_variants_with_top_k_and_dgc_at_one_density():
     """The byte ratios against Top-k need the same density in every run, and the spec's
-    phase lengths apply to both variants."""
+    phase lengths apply to both variants; LGC_PS runs with its own and the leader's indices."""
     cfgs = sweep_compressors("lgc")
     assert sorted(compressor_name(c) for c in cfgs.values()) == [
-        "dgc", "lgc_ps", "lgc_rar", "none", "topk"]
+        "dgc", "lgc_ps", "lgc_ps", "lgc_rar", "none", "topk"]
+    assert sorted(c.compressor.indices for c in cfgs.values()
+                  if compressor_name(c) == "lgc_ps") == ["leader", "own"]
     for job, cfg in cfgs.items():
         if "ratio" in cfg.compressor:
             assert cfg.compressor.ratio == cfg.experiment.ratio == 0.02, job

@@ -2,6 +2,7 @@
 innovation, phases, memory, losses and checkpoints (LGC spec Sec. 11, unit tests)."""
 
 import io
+import json
 import random
 
 import pytest
@@ -15,6 +16,7 @@ from compressors.lgc.layout import Plan, decode_stream, encode_stream
 from compressors.lgc.ps import LGCPS, similarity_loss
 from compressors.lgc.rar import LGCRar
 from experiments.bench.lgc import run as bench_lgc
+from experiments.lgc_report import read_run, report
 from experiments.models import ReferenceCNN
 from grace.deflate import deflate
 from grace.validation import ConfigError, PayloadError
@@ -237,6 +239,8 @@ def test_bad_options_name_the_option():
         LGCRar(leader="fixed")
     with pytest.raises(ConfigError, match="'ae' has unknown keys \\['lambda3'\\]"):
         LGCPS(ae={"lambda3": 1.0})
+    with pytest.raises(ConfigError, match="'indices'.*'own', 'leader'"):
+        LGCPS(indices="union")
     with pytest.raises(ConfigError, match="'innovation.mode'"):
         LGCPS(innovation={"mode": "all"})
     with pytest.raises(ConfigError, match="'ae.optimizer'"):
@@ -269,3 +273,31 @@ def test_bench_suite_times_the_phases():
     assert by_method["lgc_rar phase 2"]["ae_s"] > 0 and by_method["topk"]["ae_s"] == 0
     assert (by_method["lgc_rar phase 3"]["payload_bytes"]
             < by_method["lgc_rar phase 2"]["payload_bytes"])
+
+
+def test_ps_at_the_leaders_indices_sends_no_index_stream_of_its_own():
+    """With indices: leader the worker's payload carries an empty index stream (the leader's
+    selection came by broadcast); a payload that carries one is refused."""
+    torch.manual_seed(0)
+    g = grace.build({"name": "lgc_ps", "ratio": 0.01, "warmup_iters": 0, "ae_train_iters": 2,
+                     "indices": "leader"})
+    grads = model_grads(ReferenceCNN(), 0)
+    comp = g.compressor
+    _, payload, ctx = comp.compress_model(grads)
+    assert payload[2].numel() == 0 and ctx.indices is not None
+    assert g.metrics.pop()["lgc_index_bytes"] > 0  # the (here unsent) broadcast, charged
+    stream = ctx.plan.encode_indices(ctx.indices, True, 9)
+    with pytest.raises(PayloadError, match="rank 0: an index stream of .* indices: leader"):
+        comp.parse((*payload[:2], stream), ctx, 0)
+
+
+def test_lgc_report_marks_ps_at_the_leaders_indices(tmp_path):
+    step = {"type": "step", "step": 0, "lgc_phase": 2, "wire_bytes": 10, "dense_bytes": 100,
+            "lgc_recon_loss": 1.0, "lgc_rho": 0.5, "lgc_worker_cos": 0.75,
+            "lgc_index_overlap": 1.0}
+    lines = [{"type": "config", "config": {"compressor": {"indices": "leader"}}}, step,
+             {"type": "summary", "compressor": "lgc_ps", "test_acc": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)))
+    text = report([read_run(tmp_path)])
+    assert "| lgc_ps indices=leader | 2 | 1 | 10 |" in text
+    assert text.endswith("share of indices in common: lgc_ps indices=leader: 0.75 / 1.00")

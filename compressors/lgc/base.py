@@ -204,6 +204,32 @@ class LGC(Compressor):
     def decode(self, payload: Payload, ctx: LGCCtx) -> torch.Tensor:
         """The flat model vector of a joint payload."""
 
+    # -- the leader's selection (spec Sec. 6) ---------------------------------------------------
+    def leader_indices(self, plan: Plan, tensors: Sequence[torch.Tensor],
+                       leader: int) -> tuple[list[torch.Tensor], int]:
+        """The leader's per-layer top-k indices and the length of their DEFLATE stream, which
+        the leader broadcasts (its length first, as a size header) and is charged for as
+        ``lgc_index_bytes``."""
+        device = tensors[0].device
+        stream = None
+        if self.rank == leader:
+            indices = plan.topk(tensors)
+            stream = plan.encode_indices(indices, self.delta, self.zlib_level)
+            self.log_bytes("index", stream)
+        if self.comm is None:
+            return indices, stream.numel()
+        length = self.comm.gather_sizes([stream.numel() if stream is not None else 0],
+                                        device)[leader][0]
+        buf = stream if stream is not None else torch.empty(length, dtype=torch.uint8,
+                                                            device=device)
+        self.comm.broadcast(buf, leader)
+        if self.rank == leader:
+            return indices, length
+        try:
+            return plan.decode_indices(buf, self.delta), length
+        except PayloadError as err:
+            raise PayloadError(f"index stream from the leader, rank {leader}: {err}") from None
+
     # -- autoencoder (spec Sec. 4) --------------------------------------------------------------
     def decoder_count(self) -> int:
         return 1

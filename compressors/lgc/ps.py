@@ -2,13 +2,16 @@
 TNNLS, Sec. IV-A, Algorithm 1, Figs. 6 and 8; LGC spec Sec. 5).
 
 Every worker sends its top-k indices (DEFLATE) and, in phase 3, only the innovation of its
-top-k vector; one fixed *leader* adds the encoded common part. The master (the parameter
+top-k vector; one fixed *leader* adds the encoded common part. With ``indices: leader`` every
+worker instead takes its values at the leader's top-k indices, which the leader broadcasts,
+so slot j of every worker's vector holds the same parameter (not in the paper: docs/lgc.md,
+"Slot alignment"). The master (the parameter
 server's rank, a worker too) holds one decoder per worker, which fuses the leader's latent
 with that worker's innovation; it trains the encoder and all decoders in phase 2 with a
 reconstruction plus similarity loss and sends the encoder to the leader when phase 2 ends.
 
 Joint payloads (always the same tensors on every rank; the latent is empty except on the
-leader):
+leader, Idx(I) with ``indices: leader``):
 
 - phase 1: (gradient,)
 - phase 2: (F, top-k values of M and Lambda, Idx(I))
@@ -43,6 +46,15 @@ def similarity_loss(z: torch.Tensor) -> torch.Tensor:
     return (flat[:, None] - flat[None]).pow(2).sum()
 
 
+@dataclass(frozen=True, eq=False)
+class PsCtx(LGCCtx):
+    """With ``indices: leader``: the leader's selection, which every rank received, and the
+    length of the index stream the leader broadcast."""
+
+    indices: list[torch.Tensor] | None = None
+    index_bytes: int = 0
+
+
 @dataclass
 class WorkerPart:
     """One rank's phase 2/3 payload, parsed at the master."""
@@ -60,6 +72,8 @@ class WorkerPart:
 @COMPRESSORS.register("lgc_ps")
 class LGCPS(LGC):
     """`leader_rank`: the worker that sends the latent in phase 3 (-1: the last rank).
+    `indices`: ``own`` (every worker its own top-k, Algorithm 1) or ``leader`` (every worker
+    its values at the leader's top-k indices, broadcast by the leader).
     `innovation`: ``mode`` fraction_of_topk (m_l = max(1, ceil(beta k_l)), Algorithm 1) or
     fraction_of_tensor (m_l = max(1, ceil(gamma n_l)), the text's 0.001%). `ae.lambda1`,
     `ae.lambda2`: weights of the reconstruction and similarity losses (Eq. 5)."""
@@ -71,12 +85,14 @@ class LGCPS(LGC):
 
     def __init__(self, ratio: float = 0.001, warmup_iters: int = 200, ae_train_iters: int = 300,
                  first_layer: Any = "auto", last_layer: Any = "auto", seed: int = 0,
-                 leader_rank: int = -1, innovation: Mapping[str, Any] | None = None,
+                 leader_rank: int = -1, indices: str = "own",
+                 innovation: Mapping[str, Any] | None = None,
                  index_coding: Mapping[str, Any] | None = None,
                  ae: Mapping[str, Any] | None = None) -> None:
         super().__init__(ratio, warmup_iters, ae_train_iters, first_layer, last_layer, seed,
                          index_coding, ae)
         self.leader_rank = check_range(leader_rank, self.label, "leader_rank", -1, integer=True)
+        self.indices = check_choice(indices, ("own", "leader"), self.label, "indices")
         inn = options(self.label, "innovation", innovation,
                       {"mode": "fraction_of_topk", "beta": 0.1, "gamma": 1e-5})
         check_choice(inn["mode"], ("fraction_of_topk", "fraction_of_tensor"), self.label,
@@ -107,11 +123,17 @@ class LGCPS(LGC):
 
     # -- worker side ---------------------------------------------------------------------------
     def compress_sparse(self, plan: Plan, tensors: Sequence[torch.Tensor], info: TensorInfo,
-                        phase: int) -> tuple[list[tuple[Payload, Any]], Payload, LGCCtx]:
-        indices = plan.topk(tensors)
+                        phase: int) -> tuple[list[tuple[Payload, Any]], Payload, PsCtx]:
+        if self.indices == "leader":
+            indices, index_bytes = self.leader_indices(plan, tensors, self.leader)
+            idx = torch.empty(0, dtype=torch.uint8, device=tensors[0].device)
+            ctx = PsCtx(info, plan, phase, self.step, indices, index_bytes)
+        else:
+            indices = plan.topk(tensors)
+            idx = plan.encode_indices(indices, self.delta, self.zlib_level)
+            ctx = PsCtx(info, plan, phase, self.step)
         topk_m, values_l = plan.values(tensors, indices)
         dense = plan.dense_part(tensors)
-        idx = plan.encode_indices(indices, self.delta, self.zlib_level)
         if phase == 2:
             payload: Payload = (dense, torch.cat([topk_m, values_l]), idx)
         else:
@@ -125,13 +147,15 @@ class LGCPS(LGC):
                        scale.reshape(1).to(topk_m.dtype), idx,
                        plan.encode_positions(positions, self.delta, self.zlib_level))
         self.log_parts(PARTS[phase], payload)
-        return plan.views(tensors, indices), payload, LGCCtx(info, plan, phase, self.step)
+        return plan.views(tensors, indices), payload, ctx
 
     # -- master side ---------------------------------------------------------------------------
     def aggregate(self, payloads: Sequence[Payload], ctx: LGCCtx) -> torch.Tensor:
         """The master's mean over workers (spec Sec. 5); in phase 2 it also takes one
         autoencoder step on the workers' top-k vectors."""
         sizes = [payload_nbytes(p) for p in payloads]
+        if isinstance(ctx, PsCtx) and ctx.indices is not None:  # the leader's index broadcast
+            sizes[self.leader] += ctx.index_bytes
         if len(sizes) > 1:
             leader = self.leader
             self.metrics.add("lgc_leader_bytes", sizes[leader])
@@ -158,7 +182,7 @@ class LGCPS(LGC):
                                "latent (the leader's)")
         return self.average([part], ctx, latent=part.latent)
 
-    def parse(self, payload: Payload, ctx: LGCCtx, rank: int) -> WorkerPart:
+    def parse(self, payload: Payload, ctx: PsCtx, rank: int) -> WorkerPart:
         plan = ctx.plan
         try:
             if ctx.phase == 2:
@@ -167,8 +191,8 @@ class LGCPS(LGC):
                     raise PayloadError(f"{values.numel()} top-k values and {dense.numel()} dense "
                                        f"values, expected {plan.mu + plan.kappa} and "
                                        f"{plan.n_dense}")
-                return WorkerPart(dense, plan.decode_indices(idx, self.delta),
-                                  values[:plan.mu], values[plan.mu:])
+                return WorkerPart(dense, self.worker_indices(idx, ctx), values[:plan.mu],
+                                  values[plan.mu:])
             dense, latent, innovation, values_l, scale, idx, pos = payload
             if (innovation.numel() != plan.nu or values_l.numel() != plan.kappa
                     or scale.numel() != 1 or dense.numel() != plan.n_dense):
@@ -179,11 +203,21 @@ class LGCPS(LGC):
             if latent.numel() not in (0, padded_length(plan.mu) // 4):
                 raise PayloadError(f"latent of {latent.numel()} values, expected "
                                    f"{padded_length(plan.mu) // 4}")
-            return WorkerPart(dense, plan.decode_indices(idx, self.delta), None, values_l,
+            return WorkerPart(dense, self.worker_indices(idx, ctx), None, values_l,
                               latent, plan.decode_positions(pos, self.delta), innovation,
                               scale.float())
         except PayloadError as err:
             raise PayloadError(f"rank {rank}: {err}") from None
+
+    def worker_indices(self, idx: torch.Tensor, ctx: PsCtx) -> list[torch.Tensor]:
+        """A worker's per-layer top-k indices: its own DEFLATE stream, or with ``indices:
+        leader`` the leader's broadcast selection (the payload's stream is then empty)."""
+        if ctx.indices is None:
+            return ctx.plan.decode_indices(idx, self.delta)
+        if idx.numel():
+            raise PayloadError(f"an index stream of {idx.numel()} bytes, but with indices: "
+                               f"leader every worker uses the leader's broadcast indices")
+        return ctx.indices
 
     @staticmethod
     def innovation_vector(plan: Plan, positions: torch.Tensor, values: torch.Tensor,
@@ -233,11 +267,8 @@ class LGCPS(LGC):
         length = padded_length(plan.mu)
         norm = float(x.pow(2).sum())
         lam1, lam2 = float(self.ae["lambda1"]), float(self.ae["lambda2"])
-        if len(parts) > 1:  # how much a code of x_r can tell about x_k: slot-wise cosine
-            unit = nn.functional.normalize(x, dim=1)
-            cos = unit @ unit.T
-            pairs = len(parts) * (len(parts) - 1)
-            self.metrics.add("lgc_worker_cos", float((cos.sum() - cos.trace()) / pairs))
+        if len(parts) > 1:
+            self.log_worker_similarity(plan, parts, x)
 
         def loss() -> torch.Tensor:
             z = self.encoder(pad(x, length))
@@ -252,3 +283,17 @@ class LGCPS(LGC):
             return lam1 * l_rec + lam2 * l_sim
 
         self.train_step(loss)
+
+    def log_worker_similarity(self, plan: Plan, parts: Sequence[WorkerPart],
+                              x: torch.Tensor) -> None:
+        """How much a code of x_r can tell about x_k, as means over ordered worker pairs:
+        ``lgc_worker_cos``, the slot-wise cosine of x_k and x_m, and ``lgc_index_overlap``,
+        the share of k's M indices that m selected too (1 with ``indices: leader``)."""
+        pairs = len(parts) * (len(parts) - 1)
+        unit = nn.functional.normalize(x, dim=1)
+        cos = unit @ unit.T
+        self.metrics.add("lgc_worker_cos", float((cos.sum() - cos.trace()) / pairs))
+        flat = [plan.flat_positions(p.indices)[0] for p in parts]
+        shared = sum(torch.isin(a, b).sum().item() for i, a in enumerate(flat)
+                     for j, b in enumerate(flat) if i != j)
+        self.metrics.add("lgc_index_overlap", shared / (pairs * plan.mu))

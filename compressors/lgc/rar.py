@@ -31,7 +31,7 @@ from compressors.lgc.base import LGC, SCALE_EPS, LGCCtx, expect_dense
 from compressors.lgc.layout import Plan
 from grace.compressor import Payload, TensorInfo
 from grace.registry import COMPRESSORS
-from grace.validation import ConfigError, PayloadError, check_choice, check_range
+from grace.validation import ConfigError, check_choice, check_range
 
 PARTS = {2: ("dense",), 3: ("dense", "latent", "values")}
 
@@ -78,30 +78,6 @@ class LGCRar(LGC):
     def sync_source(self) -> tuple[int, list[nn.Module]]:
         return self.trainer_rank, [self.encoder, self.decoders]
 
-    def leader_indices(self, plan: Plan, tensors: Sequence[torch.Tensor],
-                       leader: int) -> list[torch.Tensor]:
-        """The leader's per-layer top-k indices, broadcast as a DEFLATE stream (its length
-        first, as a size header)."""
-        device = tensors[0].device
-        stream = None
-        if self.rank == leader:
-            indices = plan.topk(tensors)
-            stream = plan.encode_indices(indices, self.delta, self.zlib_level)
-            self.log_bytes("index", stream)
-        if self.comm is None:
-            return indices
-        length = self.comm.gather_sizes([stream.numel() if stream is not None else 0],
-                                        device)[leader][0]
-        buf = stream if stream is not None else torch.empty(length, dtype=torch.uint8,
-                                                            device=device)
-        self.comm.broadcast(buf, leader)
-        if self.rank == leader:
-            return indices
-        try:
-            return plan.decode_indices(buf, self.delta)
-        except PayloadError as err:
-            raise PayloadError(f"index stream from the leader, rank {leader}: {err}") from None
-
     def shared_scale(self, topk_m: torch.Tensor) -> torch.Tensor:
         """s = mean over ranks of RMS(g~_k) + 1e-12 (one allreduce of one value), or 1."""
         if self.ae["input_scale"] == "none":
@@ -120,7 +96,7 @@ class LGCRar(LGC):
         leader = self.leader_at(self.step)
         self.metrics.add("lgc_leader", leader)
         self.metrics.add("lgc_is_leader", int(self.rank == leader))
-        indices = self.leader_indices(plan, tensors, leader)
+        indices, _ = self.leader_indices(plan, tensors, leader)
         topk_m, values_l = plan.values(tensors, indices)
         flat_m, flat_l = plan.flat_positions(indices)
         dense = plan.dense_part(tensors)
