@@ -5,13 +5,13 @@ Every worker sends its top-k indices (DEFLATE) and, in phase 3, only the innovat
 top-k vector; one fixed *leader* adds the encoded common part. With ``indices: leader`` every
 worker instead takes its values at the leader's top-k indices, which the leader broadcasts,
 so slot j of every worker's vector holds the same parameter (not in the paper: docs/lgc.md,
-"Slot alignment"). The master (the parameter
-server's rank, a worker too) holds one decoder per worker, which fuses the leader's latent
-with that worker's innovation; it trains the encoder and all decoders in phase 2 with a
-reconstruction plus similarity loss and sends the encoder to the leader when phase 2 ends.
+"Slot alignment"). The master (the parameter server's rank, a worker too) holds one decoder
+per worker, which fuses the leader's latent with that worker's innovation; it trains the
+encoder and all decoders in phase 2 with a reconstruction plus similarity loss and sends the
+encoder to the leader when phase 2 ends.
 
 Joint payloads (always the same tensors on every rank; the latent is empty except on the
-leader, Idx(I) with ``indices: leader``):
+leader, and with ``indices: leader`` Idx(I) is empty on every rank):
 
 - phase 1: (gradient,)
 - phase 2: (F, top-k values of M and Lambda, Idx(I))
