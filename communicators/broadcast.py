@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from communicators.allgather import rank_nbytes
 from grace.communicator import Communicator, Item, payload_device
 from grace.registry import COMMUNICATORS
 from grace.wire import payload_nbytes, to_bytes
+from gracecomm.communicators.allgather import rank_nbytes
 
 
 @COMMUNICATORS.register("broadcast")

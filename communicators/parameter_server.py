@@ -18,13 +18,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from communicators.allgather import padded_payloads
 from grace.communicator import Communicator, Item, payload_device
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.pipeline import make_part
 from grace.registry import COMMUNICATORS, COMPRESSORS
 from grace.validation import ConfigError, IncompatibleError, check_range
 from grace.wire import payload_nbytes, to_bytes
+from gracecomm.communicators.allgather import padded_payloads
 
 # dtype codes of the downlink's self-describing header
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8, torch.int8,

@@ -3,7 +3,7 @@ Sec. 3 and App.; sparsifier spec Sec. 3.1): the threshold is the k-th largest ma
 small random sample, and when that selects too many elements a second, small top-k re-selects
 exactly k among them (hierarchical selection).
 
-Pair it with `memories.dgc.DGCMemory` (momentum correction, momentum factor masking, local
+Pair it with `gracecomm.memories.dgc.DGCMemory` (momentum correction, momentum factor masking, local
 gradient clipping; the default) or with residual memory; the density warm-up of DGC's Sec. 3.4
 is `warmup_epochs` (`grace.schedule.RatioSchedule`; on in the ``dgc_reference`` preset).
 """

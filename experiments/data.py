@@ -25,7 +25,7 @@ class MissingDataset(MissingDependency):
 
 @dataclass
 class DataBundle:
-    """Train and test sets plus the task (`experiments.tasks`) that decides the loss and the
+    """Train and test sets plus the task (`gracecomm.experiments.tasks`) that decides the loss and the
     metric: ``classification`` (accuracy), ``recommendation`` (hit rate @ K) or
     ``language_modelling`` (perplexity); `task_options` go to the task (e.g. ``{"k": 10}``)."""
 

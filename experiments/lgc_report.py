@@ -2,8 +2,8 @@
 against dense and against plain Top-k, the autoencoder's reconstruction loss, timings, and
 accuracy against the dense and DGC runs found next to them.
 
-    python -m experiments.lgc_report multirun/2026-11-22/10-00-00          # a sweep directory
-    python -m experiments.lgc_report RUN_DIR [RUN_DIR ...] --plot recon.png
+    python -m gracecomm.experiments.lgc_report multirun/2026-11-22/10-00-00          # a sweep directory
+    python -m gracecomm.experiments.lgc_report RUN_DIR [RUN_DIR ...] --plot recon.png
 
 Every run directory below the given paths with a ``metrics.jsonl`` is read. Runs without
 phases (dense, Top-k, DGC) form one row each. The one-time autoencoder transfer

@@ -10,8 +10,8 @@ formulas, and the same speedups from the bits per iteration *measured* from the 
 of this library's compressors on a d-element tensor (Top-k sends int32 indices, so its row
 costs 64 bits per kept value rather than the paper's 33 + log2 d).
 
-    python -m experiments.natural_table1            # d = 10^6
-    python -m experiments.natural_table1 --d 100000
+    python -m gracecomm.experiments.natural_table1            # d = 10^6
+    python -m gracecomm.experiments.natural_table1 --d 100000
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-from compressors.compose import Compose
-from compressors.dithering import NaturalDithering, StandardDithering
-from compressors.natural import Natural
-from compressors.none import NoneCompressor
-from compressors.topk import TopK
 from grace.compressor import Compressor
 from grace.wire import payload_nbytes
+from gracecomm.compressors.compose import Compose
+from gracecomm.compressors.dithering import NaturalDithering, StandardDithering
+from gracecomm.compressors.natural import Natural
+from gracecomm.compressors.none import NoneCompressor
+from gracecomm.compressors.topk import TopK
 
 PAPER = {"Baseline": "1", "C_nat": "3.2-3.6", "S_q": "0.6-6.0", "C_nat o S_q": "1.0-10.7",
          "D_sta": "1.8-15.9", "D_nat": "4.1-16.0"}

@@ -2,8 +2,8 @@
 (``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook``) and uncompressed training,
 on the same model, data, seed and training loop (the default experiment unless overridden):
 
-    python -m experiments.powersgd_vs_torch                      # rank 2, 2 workers
-    python -m experiments.powersgd_vs_torch --rank 4 trainer.epochs=3 model=mlp
+    python -m gracecomm.experiments.powersgd_vs_torch                      # rank 2, 2 workers
+    python -m gracecomm.experiments.powersgd_vs_torch --rank 4 trainer.epochs=3 model=mlp
 
 Bytes per step are payload bytes per rank: for gracecomm what its communicators count, for
 the PyTorch hook the tensors it hands to ``dist.all_reduce`` (counted by wrapping that
@@ -30,11 +30,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from experiments.tasks import make_task
-from experiments.train import evaluate, make_optimizer
 from grace import build, register_comm_hook
 from grace.config import instantiate
 from grace.launch import spawn
+from gracecomm.experiments.tasks import make_task
+from gracecomm.experiments.train import evaluate, make_optimizer
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 TORCH_START_ITER = 2

@@ -1,8 +1,8 @@
 """Sweep reports: tables and plots from the ``metrics.jsonl`` of every run under a directory.
 
-    python -m experiments.report multirun/2026-11-21/23-50-35          # a sweep
-    python -m experiments.report outputs/2026-11-21/23-50-35_topk      # one run
-    python -m experiments.report multirun/... --out report/ --wandb    # also to W&B
+    gracecomm-report multirun/2026-11-21/23-50-35          # a sweep
+    gracecomm-report outputs/2026-11-21/23-50-35_topk      # one run
+    gracecomm-report multirun/... --out report/ --wandb    # also to W&B
 
 Writes ``report.md`` and ``report.csv`` (one row per run: method = compressor with the
 options that vary across the runs, memory, communicator, the task's test metric, bytes per
@@ -11,7 +11,7 @@ speedup over dense ring allreduce at each modelled bandwidth, see `grace.network
 plots: metric against bytes sent with the Pareto front, overhead per method, projected
 speedup against bandwidth, training loss and test metric over steps, and the estimation
 quality k_hat/k over steps where a sparsifier logged it. Every Hydra multirun of
-`experiments.train` writes its report through `ReportCallback` (configured in train.yaml);
+`gracecomm.experiments.train` writes its report through `ReportCallback` (configured in train.yaml);
 with ``logger=wandb`` the table and plots also go to W&B, in the sweep's group.
 """
 
@@ -32,8 +32,8 @@ from hydra.experimental.callback import Callback
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.loggers import WandbLogger, import_wandb, wandb_mode
-from experiments.train import CONFIG_DIR, format_bytes
+from gracecomm.experiments.loggers import WandbLogger, import_wandb, wandb_mode
+from gracecomm.experiments.train import CONFIG_DIR, format_bytes
 
 # method.*: what a configs/method preset hands to the experiment (it also sets the trainer
 # option itself, which is shown)
@@ -467,7 +467,7 @@ class ReportCallback(Callback):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.report",
+    parser = argparse.ArgumentParser(prog="gracecomm-report",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path, help="a run directory or a multirun directory")
     parser.add_argument("--out", type=Path, help="where to write (default: SOURCE)")

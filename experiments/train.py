@@ -1,9 +1,9 @@
 """Data-parallel training with compressed gradient exchange (Hydra entry point).
 
-    python -m experiments.train                                   # 2 Gloo workers, digits, no compression
-    python -m experiments.train compressor=topk compressor.ratio=0.01
-    python -m experiments.train -m compressor=none,topk,randomk  # a sweep
-    torchrun --nproc_per_node=2 -m experiments.train             # join torchrun's group
+    gracecomm-train                                              # 2 Gloo workers, digits, no compression
+    gracecomm-train compressor=topk compressor.ratio=0.01
+    gracecomm-train -m compressor=none,topk,randomk              # a sweep
+    torchrun --nproc_per_node=2 -m gracecomm.experiments.train   # join torchrun's group
 
 Without launcher variables the command spawns `trainer.world_size` local workers on
 127.0.0.1; under torchrun it joins the launcher's process group instead. Rank 0 writes
@@ -31,8 +31,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
-from experiments import checkpoint
-from experiments.tasks import Task, make_task
 from grace import Compressor, Grace, Memory, register_comm_hook
 from grace.config import instantiate
 from grace.consistency import describe, verify_same_on_all_ranks
@@ -41,6 +39,8 @@ from grace.launch import (exit_now, finish_process_group, init_process_group,
 from grace.network import COLLECTIVE_KEYS, Network, networks, overhead_time, project
 from grace.rng import stable_hash
 from grace.validation import ConfigError, check_choice, check_range
+from gracecomm.experiments import checkpoint
+from gracecomm.experiments.tasks import Task, make_task
 
 SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "compress_s", "decompress_s",
                "memory_s", "comm_s", "step_s", "exchanges", *COLLECTIVE_KEYS)

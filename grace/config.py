@@ -13,7 +13,7 @@ from typing import Any
 from grace.validation import ConfigError, MissingDependency
 
 ALLOWED_PREFIXES: tuple[str, ...] = (
-    "grace.", "compressors.", "memories.", "communicators.", "experiments.",
+    "grace.", "gracecomm.",
     "torch.optim.", "torch.nn.",
 )
 

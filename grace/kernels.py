@@ -259,7 +259,7 @@ def _pack_codes(cbuf, x, m, bits, signs, codes, g0):  # pragma: no cover - compi
 def _dither_encode(x, scale, bucket, start, units, natural, k1, k2, bits, signs,
                    codes):  # pragma: no cover - compiled
     """Level codes of z = min(|x| scale[bucket], units) and the signs, packed (see
-    `compressors.dithering`); per block: scale (per bucket segment), round, pack."""
+    `gracecomm.compressors.dithering`); per block: scale (per bucket segment), round, pack."""
     zbuf = np.empty(_BLOCK, dtype=np.float32)
     zbits = zbuf.view(np.uint32)
     cbuf = np.empty(_BLOCK, dtype=np.uint8)
@@ -291,7 +291,7 @@ def _dither_encode(x, scale, bucket, start, units, natural, k1, k2, bits, signs,
 def dither_encode(x: np.ndarray, scale: np.ndarray, bucket: int, units: float, natural: bool,
                   key: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """(sign plane, packed level codes) of float32 `x` for `bits` <= 8; see
-    `compressors.dithering`."""
+    `gracecomm.compressors.dithering`."""
     n = x.size
     signs = np.empty((n + 7) // 8, dtype=np.uint8)
     codes = np.empty((n * bits + 7) // 8, dtype=np.uint8)

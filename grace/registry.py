@@ -101,9 +101,9 @@ class Registry:
         return name in self._classes
 
 
-COMPRESSORS = Registry("compressor", builtin="compressors")
-MEMORIES = Registry("memory", builtin="memories")
-COMMUNICATORS = Registry("communicator", builtin="communicators")
+COMPRESSORS = Registry("compressor", builtin="gracecomm.compressors")
+MEMORIES = Registry("memory", builtin="gracecomm.memories")
+COMMUNICATORS = Registry("communicator", builtin="gracecomm.communicators")
 
 REGISTRIES: dict[str, Registry] = {r.kind: r for r in (COMPRESSORS, MEMORIES, COMMUNICATORS)}
 

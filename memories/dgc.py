@@ -11,7 +11,7 @@ Sec. 3.2): momentum correction, momentum factor masking and local gradient clipp
 
 The momentum lives here, so the optimizer must run with momentum 0, and weight decay must be
 added to g before `compensate`: `replaces_optimizer_momentum` tells trainers so
-(`experiments.train` does both and logs it). With ``clip_scope: model`` (DGC's choice) every
+(`gracecomm.experiments.train` does both and logs it). With ``clip_scope: model`` (DGC's choice) every
 tensor is scaled by the same factor from the norm of all local gradients, which the trainer
 supplies with `set_local_norm` before the exchange; ``tensor`` clips each tensor by its own
 norm. With m = 0 and no clipping this memory equals residual memory exactly.
@@ -65,7 +65,7 @@ class DGCMemory(Memory):
         elif self.local_norm is None:
             raise ConfigError(f"{self.label}: clip_scope 'model' needs the norm of all local "
                               "gradients before each exchange: call memory.set_local_norm(norm) "
-                              "(experiments.train does) or use clip_scope=tensor "
+                              "(gracecomm.experiments.train does) or use clip_scope=tensor "
                               f"(tensor '{name}')")
         else:
             norm = self.local_norm

@@ -15,7 +15,7 @@ from __future__ import annotations
 from grace.compressor import Compressor
 from grace.registry import MEMORIES
 from grace.validation import IncompatibleError, check_range
-from memories.residual import ResidualMemory
+from gracecomm.memories.residual import ResidualMemory
 
 
 @MEMORIES.register("efsignsgd")

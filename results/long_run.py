@@ -1,6 +1,6 @@
 """Compression state and peak memory over a long sweep: one markdown row per run, from the
 ``state_bytes`` (tensor bytes of ``Grace.state_dict()``) and ``max_rss_mb`` (peak resident
-memory of rank 0) that every evaluation record of ``experiments.train`` carries.
+memory of rank 0) that every evaluation record of ``gracecomm.experiments.train`` carries.
 
     python results/long_run.py multirun/results/long_run
 """
@@ -26,7 +26,7 @@ def row(run: Path) -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep", type=Path, help="a multirun directory of experiments.train")
+    parser.add_argument("sweep", type=Path, help="a multirun directory of gracecomm.experiments.train")
     runs = sorted((p for p in parser.parse_args().sweep.iterdir() if (p / "metrics.jsonl").exists()),
                   key=lambda p: int(p.name.split("_", 1)[0]))
     print("| run | steps | state bytes, first eval | state bytes, last eval | distinct sizes "

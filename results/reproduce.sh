@@ -12,7 +12,7 @@ steps=("$@")
 train_into() {  # train_into DIR [overrides...]: a multirun into an emptied $OUT/DIR
   local dir=$1; shift
   rm -rf "${OUT:?}/$dir"  # no stale runs from an earlier sweep in the report
-  python -m experiments.train -m trainer.progress=false "$@" "hydra.sweep.dir=$OUT/$dir"
+  gracecomm-train -m trainer.progress=false "$@" "hydra.sweep.dir=$OUT/$dir"
 }
 
 sweep() {  # sweep NAME [overrides...]: one experiment sweep into $OUT/NAME, report copied
@@ -30,18 +30,18 @@ for step in "${steps[@]}"; do
     natural) sweep natural seed=0,1,2 ;;
     deepreduce) sweep deepreduce ;;
     lgc) sweep lgc
-         python -m experiments.lgc_report "$OUT/lgc" --plot results/lgc/recon.png > results/lgc/phases.md
+         python -m gracecomm.experiments.lgc_report "$OUT/lgc" --plot results/lgc/recon.png > results/lgc/phases.md
          python results/lgc_bound.py | tee results/lgc/bound.md ;;
     sparse_model) sweep sparse_model ;;
     bench_sidco)
-      python -m experiments.bench sizes=[26214400] ratios=[0.01,0.001] \
+      gracecomm-bench sizes=[26214400] ratios=[0.01,0.001] \
         distributions=[laplace,student_t] gradients=[] steps=20 repeats=3 \
         hydra.run.dir=outputs/results/bench_sidco | tee results/bench_sidco.txt ;;
     bench_fig10)
-      python -m experiments.bench suite=deepreduce_fig10 hydra.run.dir=outputs/results/bench_fig10 \
+      gracecomm-bench suite=deepreduce_fig10 hydra.run.dir=outputs/results/bench_fig10 \
         | tee results/bench_fig10.txt ;;
-    natural_table1) python -m experiments.natural_table1 | tee results/natural_table1.txt ;;
-    powersgd_vs_torch) python -m experiments.powersgd_vs_torch | tee results/powersgd_vs_torch.txt ;;
+    natural_table1) python -m gracecomm.experiments.natural_table1 | tee results/natural_table1.txt ;;
+    powersgd_vs_torch) python -m gracecomm.experiments.powersgd_vs_torch | tee results/powersgd_vs_torch.txt ;;
     long_run)  # ~2,900 steps of the default experiment: state size and peak RSS over time
       train_into long_run compressor=none,topk,dgc,sidco,powersgd,deepreduce trainer.epochs=130
       mkdir -p results/long_run && cp "$OUT/long_run"/report.{md,csv} results/long_run/

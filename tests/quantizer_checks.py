@@ -2,9 +2,9 @@
 
 import torch
 
-import grace.stochastic as stochastic
 from grace.kernels import PARALLEL_MIN
 from grace.metrics import Metrics
+import grace.stochastic as stochastic
 
 
 def gaussian(n, seed=0):

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import torch
 
-from experiments.bench.compressors import GradientStream, quality_band, synthetic
+from gracecomm.experiments.bench.compressors import GradientStream, quality_band, synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(tmp_path, *overrides):
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.bench", f"hydra.run.dir={tmp_path}", "repeats=1",
+        [sys.executable, "-m", "gracecomm.experiments.bench", f"hydra.run.dir={tmp_path}", "repeats=1",
          *overrides], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc, json.loads((tmp_path / "bench.json").read_text())

@@ -6,15 +6,15 @@ import pytest
 import torch
 
 import grace
-from compressors.cast import FP16
-from compressors.compose import Compose
-from compressors.dithering import NaturalDithering
-from compressors.natural import Natural
-from compressors.randomk import RandomK
-from compressors.topk import TopK
 from grace.config import instantiate
 from grace.metrics import Metrics
 from grace.validation import ConfigError, PayloadError
+from gracecomm.compressors.cast import FP16
+from gracecomm.compressors.compose import Compose
+from gracecomm.compressors.dithering import NaturalDithering
+from gracecomm.compressors.natural import Natural
+from gracecomm.compressors.randomk import RandomK
+from gracecomm.compressors.topk import TopK
 from tests.helpers import compose_train
 
 

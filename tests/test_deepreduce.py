@@ -10,16 +10,16 @@ import torch.distributed as dist
 from hydra.utils import get_class
 
 import grace
-from compressors.deepreduce import (INDEX_CODECS, VALUE_CODECS, BloomIndex, DeepReduce,
-                                    PolyFitValues)
-from compressors.deepreduce.container import HEADER_BYTES, Flag
-from compressors.randomk import RandomK
-from compressors.topk import TopK
 from grace import registry
 from grace.config import instantiate
 from grace.sparse import Sparsifier
 from grace.validation import ConfigError, IncompatibleError, PayloadError
 from grace.wire import pack_uint
+from gracecomm.compressors.deepreduce import (INDEX_CODECS, VALUE_CODECS, BloomIndex, DeepReduce,
+                                    PolyFitValues)
+from gracecomm.compressors.deepreduce.container import HEADER_BYTES, Flag
+from gracecomm.compressors.randomk import RandomK
+from gracecomm.compressors.topk import TopK
 from tests.helpers import CONFIG_DIR, compose_train, run_ranks
 from tests.test_train import records, train
 
@@ -272,7 +272,7 @@ def test_malformed_containers_are_refused():
 def test_bench_suites_run(capsys):
     from omegaconf import OmegaConf
 
-    from experiments.bench.deepreduce import fig10, run
+    from gracecomm.experiments.bench.deepreduce import fig10, run
 
     cfg = OmegaConf.create({"seed": 0, "repeats": 1,
                             "deepreduce": {"numel": 5000, "bloom_numel": 3000},

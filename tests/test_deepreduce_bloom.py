@@ -6,11 +6,11 @@ import warnings
 import pytest
 import torch
 
-from compressors.deepreduce import BloomIndex, CodecCtx, bloom_size, expected_fpr
-from compressors.deepreduce.bloom import HashFamily, TorchBloom
-from compressors.deepreduce.policies import (conflict_selection, mix, numba_available,
-                                             priority_rank)
 from grace.validation import ConfigError, PayloadError
+from gracecomm.compressors.deepreduce import BloomIndex, CodecCtx, bloom_size, expected_fpr
+from gracecomm.compressors.deepreduce.bloom import HashFamily, TorchBloom
+from gracecomm.compressors.deepreduce.policies import (conflict_selection, mix, numba_available,
+                                             priority_rank)
 
 pybloom_live = pytest.importorskip("pybloom_live")
 

@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from compressors.deepreduce import INDEX_CODECS, VALUE_CODECS, CodecCtx
-from compressors.deepreduce.container import pack_mapping, unpack_mapping
-from compressors.deepreduce.fitting import auto_segments, canonical_order, segment
-from compressors.deepreduce.index import HuffmanIndex, huffman_code, rle_runs
 from grace.validation import ConfigError, PayloadError
 from grace.wire import pack_uint
+from gracecomm.compressors.deepreduce import INDEX_CODECS, VALUE_CODECS, CodecCtx
+from gracecomm.compressors.deepreduce.container import pack_mapping, unpack_mapping
+from gracecomm.compressors.deepreduce.fitting import auto_segments, canonical_order, segment
+from gracecomm.compressors.deepreduce.index import HuffmanIndex, huffman_code, rle_runs
 
 LOSSLESS = [("raw32", {}), ("packed", {}), ("bitmap", {}), ("rle", {}),
             ("rle", {"mode": "alternate"}), ("huffman", {}), ("delta_varint", {}),

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from compressors.dithering import QSGD, NaturalDithering, StandardDithering, TernGrad
 from grace.validation import ConfigError, PayloadError
+from gracecomm.compressors.dithering import QSGD, NaturalDithering, StandardDithering, TernGrad
 from tests.quantizer_checks import assert_kernels_match_torch, bound, gaussian, roundtrip
 
 UNBIASED = [

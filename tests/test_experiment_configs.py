@@ -14,7 +14,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from grace import registry
-from experiments.train import build_grace, validate
+from gracecomm.experiments.train import build_grace, validate
 from tests.helpers import CONFIG_DIR, compose_train
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
@@ -31,7 +31,7 @@ def sweep_params(experiment: str) -> dict[str, str]:
 
 
 def jobs(experiment: str, *arguments: str) -> list[list[str]]:
-    """The override list of every job of ``python -m experiments.train -m
+    """The override list of every job of ``gracecomm-train -m
     +experiment=EXPERIMENT ARGUMENTS...``."""
     params = [f"{k}={v}" for k, v in sweep_params(experiment).items()]
     params += [f"+experiment={experiment}", *arguments]
@@ -65,7 +65,7 @@ def test_sweep_names_registered_compressors_and_existing_presets(experiment):
 def test_every_job_of_the_sweep_composes_and_builds(experiment):
     for overrides in jobs(experiment):
         cfg = compose_train(*overrides)
-        validate(cfg)  # what experiments.train checks before any worker starts
+        validate(cfg)  # what gracecomm.experiments.train checks before any worker starts
         pipeline = build_grace(cfg)
         assert pipeline.compressor is not None, overrides
 
@@ -146,7 +146,7 @@ def test_deepreduce_breaks_down_codecs_and_bloom_policies():
 def test_sparse_model_runs_deepreduce_without_a_sparsifier():
     cfgs = [c for c in sweep_compressors("sparse_model").values()
             if compressor_name(c) == "deepreduce"]
-    assert {c.compressor.sparsifier._target_ for c in cfgs} == {"compressors.deepreduce.NonZero"}
+    assert {c.compressor.sparsifier._target_ for c in cfgs} == {"gracecomm.compressors.deepreduce.NonZero"}
     assert sorted(_bloom(c) for c in cfgs) == [("p0", 0.6), ("p2", 0.01)]
     assert {"none"} <= {compressor_name(c) for c in sweep_compressors("sparse_model").values()}
 

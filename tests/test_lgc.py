@@ -11,15 +11,15 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import grace
-from compressors.lgc.autoencoder import Decoder, Encoder, pad, padded_length
-from compressors.lgc.layout import Plan, decode_stream, encode_stream
-from compressors.lgc.ps import LGCPS, similarity_loss
-from compressors.lgc.rar import LGCRar
-from experiments.bench.lgc import run as bench_lgc
-from experiments.lgc_report import read_run, report
-from experiments.models import ReferenceCNN
 from grace.deflate import deflate
 from grace.validation import ConfigError, PayloadError
+from gracecomm.compressors.lgc.autoencoder import Decoder, Encoder, pad, padded_length
+from gracecomm.compressors.lgc.layout import Plan, decode_stream, encode_stream
+from gracecomm.compressors.lgc.ps import LGCPS, similarity_loss
+from gracecomm.compressors.lgc.rar import LGCRar
+from gracecomm.experiments.bench.lgc import run as bench_lgc
+from gracecomm.experiments.lgc_report import read_run, report
+from gracecomm.experiments.models import ReferenceCNN
 
 
 def nparams(module):

@@ -10,11 +10,11 @@ import torch.distributed as dist
 from torch import nn
 
 import grace
-from compressors.lgc.autoencoder import padded_length
-from compressors.lgc.ps import LGCPS
-from compressors.lgc.rar import LGCRar
-from experiments.lgc_report import phase_rows, read_run, report
-from experiments.models import ReferenceCNN
+from gracecomm.compressors.lgc.autoencoder import padded_length
+from gracecomm.compressors.lgc.ps import LGCPS
+from gracecomm.compressors.lgc.rar import LGCRar
+from gracecomm.experiments.lgc_report import phase_rows, read_run, report
+from gracecomm.experiments.models import ReferenceCNN
 from tests.helpers import run_ranks
 from tests.test_lgc import model_grads
 from tests.test_parameter_server import same_on_every_rank

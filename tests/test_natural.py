@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-import grace.stochastic as stochastic
-from compressors.natural import Natural, nat9_nbytes
 from grace.kernels import PARALLEL_MIN
 from grace.metrics import Metrics
+import grace.stochastic as stochastic
 from grace.stochastic import FLOAT_BITS, counter_hash, natural_round_bits
 from grace.validation import ConfigError, NonFiniteError, PayloadError
+from gracecomm.compressors.natural import Natural, nat9_nbytes
 from tests.quantizer_checks import assert_kernels_match_torch, bound, gaussian
 
 F32 = FLOAT_BITS[torch.float32]

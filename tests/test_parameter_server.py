@@ -7,11 +7,11 @@ import torch
 import torch.distributed as dist
 
 import grace
-from communicators.parameter_server import ParameterServer, ServerError, pack, unpack
-from compressors.topk import TopK
 from grace.compressor import TensorInfo
 from grace.config import instantiate
 from grace.wire import payload_nbytes
+from gracecomm.communicators.parameter_server import ParameterServer, ServerError, pack, unpack
+from gracecomm.compressors.topk import TopK
 from tests.helpers import compose_train, run_ranks
 from tests.test_distributed import OPTIONS, expected_mean, rank_tensors
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import grace
-from compressors.powersgd import PowerSGD, orthonormalize
 from grace.validation import IncompatibleError, PayloadError
+from gracecomm.compressors.powersgd import PowerSGD, orthonormalize
 
 
 def gaussian(*shape, seed=0):

@@ -143,7 +143,7 @@ VALUE_CODECS = registry.available("value_codec")
 
 
 def codec_ctx(d: int):
-    from compressors.deepreduce.codec import CodecCtx
+    from gracecomm.compressors.deepreduce.codec import CodecCtx
     return CodecCtx(d=d, name="w", tensor_seed=11, step_seed=12, device=torch.device("cpu"))
 
 

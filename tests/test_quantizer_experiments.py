@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from experiments import natural_table1 as t1
-from experiments.powersgd_vs_torch import compare
+from gracecomm.experiments import natural_table1 as t1
+from gracecomm.experiments.powersgd_vs_torch import compare
 
 D = 10**6
 

@@ -11,12 +11,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import grace
-from compressors.compose import Compose
-from compressors.dithering import NaturalDithering
-from compressors.natural import Natural
-from compressors.randomk import RandomK
-from compressors.topk import TopK
 from grace import register_comm_hook
+from gracecomm.compressors.compose import Compose
+from gracecomm.compressors.dithering import NaturalDithering
+from gracecomm.compressors.natural import Natural
+from gracecomm.compressors.randomk import RandomK
+from gracecomm.compressors.topk import TopK
 from tests.helpers import run_ranks
 from tests.test_train import train
 

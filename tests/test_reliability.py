@@ -16,7 +16,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from experiments.train import train_worker
+from gracecomm.experiments.train import train_worker
 from tests.helpers import compose_train, run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +85,7 @@ def test_resume_is_bit_identical(family, tmp_path):
 
 def resume_cli(tmp_path, *overrides):
     return subprocess.run(
-        [sys.executable, "-m", "experiments.train", f"hydra.run.dir={tmp_path}/run",
+        [sys.executable, "-m", "gracecomm.experiments.train", f"hydra.run.dir={tmp_path}/run",
          "trainer.progress=false", *overrides], cwd=ROOT, capture_output=True, text=True,
         timeout=180)
 
@@ -119,7 +119,7 @@ def children(pid: int) -> list[int]:
 
 
 def start_long_run(tmp_path, timeout_s: int):
-    cmd = [sys.executable, "-m", "experiments.train", f"hydra.run.dir={tmp_path}",
+    cmd = [sys.executable, "-m", "gracecomm.experiments.train", f"hydra.run.dir={tmp_path}",
            "trainer.progress=false", "trainer.epochs=1000", "compressor=topk",
            f"trainer.collective_timeout_s={timeout_s}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -167,7 +167,7 @@ def launch_rank(rank, port, tmp_path, *overrides):
     env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     return subprocess.Popen(
-        [sys.executable, "-m", "experiments.train", f"hydra.run.dir={tmp_path}/rank{rank}",
+        [sys.executable, "-m", "gracecomm.experiments.train", f"hydra.run.dir={tmp_path}/rank{rank}",
          "trainer.progress=false", "trainer.max_steps=3", "trainer.collective_timeout_s=30",
          *overrides], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from experiments.loggers import JsonlLogger
-from experiments.report import (describe, load_runs, log_to_wandb, main, pareto_front,
+from gracecomm.experiments.loggers import JsonlLogger
+from gracecomm.experiments.report import (describe, load_runs, log_to_wandb, main, pareto_front,
                                 plot_labels, write_report)
 from tests.test_train import train
 
@@ -41,9 +41,9 @@ def test_multirun_writes_its_report(tmp_path):
 
 
 def fake_run(path, compressor, ratio, metric_value, wire, quality=None, **summary):
-    config = {"compressor": {"_target_": f"compressors.{compressor}", "ratio": ratio,
+    config = {"compressor": {"_target_": f"gracecomm.compressors.{compressor}", "ratio": ratio,
                              "seed": 0},
-              "memory": {"_target_": "memories.residual.ResidualMemory", "beta": 1.0},
+              "memory": {"_target_": "gracecomm.memories.residual.ResidualMemory", "beta": 1.0},
               "trainer": {"lr": 0.1, "progress": False}}
     log = JsonlLogger(str(path), config)
     for step in range(1, 5):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import grace
-from compressors.sign import EFSignSGD, OneBit, SignSGD, Signum
 from grace.validation import ConfigError, IncompatibleError, PayloadError
-from memories.efsignsgd import EFSignSGDMemory
+from gracecomm.compressors.sign import EFSignSGD, OneBit, SignSGD, Signum
+from gracecomm.memories.efsignsgd import EFSignSGDMemory
 from tests.helpers import compose_train
 from tests.quantizer_checks import assert_kernels_match_torch, bound, gaussian, roundtrip
 

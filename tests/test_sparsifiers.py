@@ -10,18 +10,18 @@ import pytest
 import torch
 from scipy import stats
 
-from compressors.dgc import DGC
-from compressors.gaussiank import GaussianK
-from compressors.redsync import RedSync
-from compressors.sidco import (SIDCo, StageAdapter, exponential_quantile, fit_gamma, fit_gp,
-                               gamma_quantile, gp_quantile, log_magnitude_sum)
-from compressors.topk import TopK
 from grace import exceedance
 from grace.metrics import Metrics
 from grace.schedule import RatioSchedule
 from grace.validation import ConfigError, NonFiniteError
-from memories.dgc import DGCMemory
-from memories.residual import ResidualMemory
+from gracecomm.compressors.dgc import DGC
+from gracecomm.compressors.gaussiank import GaussianK
+from gracecomm.compressors.redsync import RedSync
+from gracecomm.compressors.sidco import (SIDCo, StageAdapter, exponential_quantile, fit_gamma, fit_gp,
+                               gamma_quantile, gp_quantile, log_magnitude_sum)
+from gracecomm.compressors.topk import TopK
+from gracecomm.memories.dgc import DGCMemory
+from gracecomm.memories.residual import ResidualMemory
 
 D_BIG = 2_621_440
 D_SMALL = 262_144
@@ -488,7 +488,7 @@ def test_trainer_moves_momentum_and_weight_decay_into_dgc_memory():
     from torch import nn
 
     import grace
-    from experiments.train import (exchange_gradients, exchange_mode, make_optimizer,
+    from gracecomm.experiments.train import (exchange_gradients, exchange_mode, make_optimizer,
                                    momentum_owner)
     from tests.helpers import compose_train
 
@@ -532,7 +532,7 @@ def test_dgc_memory_with_dense_transmission_is_heavy_ball_momentum():
 
 def test_signum_runs_the_optimizer_without_momentum():
     import grace
-    from experiments.train import momentum_owner
+    from gracecomm.experiments.train import momentum_owner
 
     pipe = grace.build("signum")
     assert momentum_owner(pipe) is pipe.compressor

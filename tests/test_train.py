@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def train(tmp_path, *overrides, multirun=False, timeout=240):
-    cmd = [sys.executable, "-m", "experiments.train"]
+    cmd = [sys.executable, "-m", "gracecomm.experiments.train"]
     if multirun:
         cmd += ["-m", f"hydra.sweep.dir={tmp_path}/sweep"]
     else:

@@ -9,14 +9,14 @@ codecs from the ``index_codec`` and ``value_codec`` registries:
     value: raw, fp16, deflate, qsgd, polyfit, dexp
 """
 
-from compressors.deepreduce.bloom import BloomIndex, bloom_size, expected_fpr
-from compressors.deepreduce.codec import (INDEX_CODECS, VALUE_CODECS, CodecCtx, IndexCodec,
+from gracecomm.compressors.deepreduce.bloom import BloomIndex, bloom_size, expected_fpr
+from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, VALUE_CODECS, CodecCtx, IndexCodec,
                                           ValueCodec)
-from compressors.deepreduce.compressor import DeepReduce, NonZero
-from compressors.deepreduce.fitting import DExpValues, PolyFitValues
-from compressors.deepreduce.index import (BitmapIndex, DeflateIndex, DeltaVarintIndex,
+from gracecomm.compressors.deepreduce.compressor import DeepReduce, NonZero
+from gracecomm.compressors.deepreduce.fitting import DExpValues, PolyFitValues
+from gracecomm.compressors.deepreduce.index import (BitmapIndex, DeflateIndex, DeltaVarintIndex,
                                           HuffmanIndex, PackedIndex, Raw32Index, RLEIndex)
-from compressors.deepreduce.values import DeflateValues, FP16Values, QSGDValues, RawValues
+from gracecomm.compressors.deepreduce.values import DeflateValues, FP16Values, QSGDValues, RawValues
 
 __all__ = [
     "INDEX_CODECS", "VALUE_CODECS", "BitmapIndex", "BloomIndex", "CodecCtx", "DExpValues",

@@ -25,12 +25,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from compressors.deepreduce.codec import (INDEX_CODECS, CodecCtx, IndexCodec, Selection,
-                                          check_index_set, flat_nonzero, pack_fields,
-                                          unpack_fields)
-from compressors.deepreduce.policies import P2_MODES, POLICIES, mix, numba_available, select
 from grace.validation import MissingDependency, PayloadError, check_choice, check_range
 from grace.wire import pack_bits, packed_nbytes, unpack_bits
+from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, CodecCtx, IndexCodec, Selection,
+                                          check_index_set, flat_nonzero, pack_fields,
+                                          unpack_fields)
+from gracecomm.compressors.deepreduce.policies import P2_MODES, POLICIES, mix, numba_available, select
 
 
 def bloom_size(r: int, fpr: float) -> tuple[int, int]:
@@ -159,7 +159,7 @@ class PyBloom:
 @INDEX_CODECS.register("bloom")
 class BloomIndex(IndexCodec):
     """Bloom-filter index compression with a decoding policy (see
-    `compressors.deepreduce.policies`). Except for ``naive``, the sender runs the decoder
+    `gracecomm.compressors.deepreduce.policies`). Except for ``naive``, the sender runs the decoder
     and sends the values of the decoded selection S~ in ascending order (false-positive
     aware): ``value_source: dense`` sends t at false positives, ``sparse`` sends zeros there.
 

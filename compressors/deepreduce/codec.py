@@ -23,8 +23,8 @@ from grace.deflate import byte_tensor
 from grace.registry import Registry, add_registry
 from grace.validation import PayloadError
 
-INDEX_CODECS = add_registry(Registry("index_codec", builtin="compressors.deepreduce"))
-VALUE_CODECS = add_registry(Registry("value_codec", builtin="compressors.deepreduce"))
+INDEX_CODECS = add_registry(Registry("index_codec", builtin="gracecomm.compressors.deepreduce"))
+VALUE_CODECS = add_registry(Registry("value_codec", builtin="gracecomm.compressors.deepreduce"))
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class IndexCodec(ABC):
 class ValueCodec(ABC):
     """Encodes a float32 value array. Order-preserving codecs decode the i-th value as the
     i-th; ``sorts`` codecs (curve fitting) decode values in the canonical sorted order of
-    `compressors.deepreduce.fitting.canonical_order` and return that order from `encode`."""
+    `gracecomm.compressors.deepreduce.fitting.canonical_order` and return that order from `encode`."""
 
     codec_id: ClassVar[int]
     sorts: ClassVar[bool] = False

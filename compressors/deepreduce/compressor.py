@@ -5,7 +5,7 @@ sparse gradients) turns t into r (index, value) pairs; an index codec encodes th
 a value codec the values, independently. When the value codec sorts values (curve fitting),
 the orders are reconciled: indices written by ``raw32``/``packed`` follow the value order
 ("index reordering"), otherwise a mapping is sent. Everything travels in one container
-(`compressors.deepreduce.container`), so the payload is one uint8 tensor.
+(`gracecomm.compressors.deepreduce.container`), so the payload is one uint8 tensor.
 
 Reported per step through the shared metrics: ``index_bytes``, ``value_bytes``,
 ``mapping_bytes`` and ``header_bytes`` (the sections of the real containers; they add up to
@@ -23,20 +23,20 @@ from typing import Any
 
 import torch
 
-from compressors.cast import saturating_cast
-from compressors.deepreduce.codec import (INDEX_CODECS, VALUE_CODECS, CodecCtx, IndexCodec,
-                                          Selection, ValueCodec, check_index_set)
-from compressors.deepreduce.container import (HEADER_BYTES, Flag, Header, pack_container,
-                                              pack_mapping, parse_container, unpack_mapping)
-from compressors.randomk import RandomK, RandomKCtx
-from grace.compressor import Compressor, Payload, TensorInfo
 from grace.communicator import Communicator
+from grace.compressor import Compressor, Payload, TensorInfo
 from grace.metrics import Metrics
 from grace.pipeline import make_part
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams, stable_hash
 from grace.sparse import Sparsifier
 from grace.validation import ConfigError, PayloadError
+from gracecomm.compressors.cast import saturating_cast
+from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, VALUE_CODECS, CodecCtx, IndexCodec,
+                                          Selection, ValueCodec, check_index_set)
+from gracecomm.compressors.deepreduce.container import (HEADER_BYTES, Flag, Header, pack_container,
+                                              pack_mapping, parse_container, unpack_mapping)
+from gracecomm.compressors.randomk import RandomK, RandomKCtx
 
 
 class NonZero(Sparsifier):

@@ -1,7 +1,7 @@
 """Lossless index codecs of DeepReduce (paper Sec. 3 and appendix 10.7.1; spec Sec. 4):
 raw32, packed, bitmap, run-length (thesis Sec. 2.3.1), Huffman over index bytes,
 delta + variable-length integers, and DEFLATE. All are vectorised torch code (DEFLATE runs
-zlib on the CPU); the Bloom filter lives in `compressors.deepreduce.bloom`."""
+zlib on the CPU); the Bloom filter lives in `gracecomm.compressors.deepreduce.bloom`."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import ClassVar
 
 import torch
 
-from compressors.deepreduce.codec import (INDEX_CODECS, CodecCtx, IndexCodec, check_index_set,
-                                          flat_nonzero, pack_fields, u32_bytes, u32_values,
-                                          unpack_fields)
 from grace.deflate import deflate, inflate
 from grace.validation import PayloadError, check_choice, check_range
 from grace.wire import bits_for, pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint
+from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, CodecCtx, IndexCodec, check_index_set,
+                                          flat_nonzero, pack_fields, u32_bytes, u32_values,
+                                          unpack_fields)
 
 
 class LosslessIndexCodec(IndexCodec):

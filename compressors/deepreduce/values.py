@@ -1,6 +1,6 @@
 """Order-preserving value codecs of DeepReduce (paper Sec. 3 and appendix Table 3): raw
 float32, fp16, DEFLATE and QSGD. The curve-fitting codecs are in
-`compressors.deepreduce.fitting`."""
+`gracecomm.compressors.deepreduce.fitting`."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from typing import Any
 
 import torch
 
-from compressors.cast import FP16
-from compressors.deepreduce.codec import (VALUE_CODECS, CodecCtx, ValueCodec, f32_bytes,
-                                          f32_values)
-from compressors.dithering import QSGD
 from grace.communicator import Communicator
 from grace.compressor import TensorInfo
 from grace.deflate import deflate, inflate
 from grace.validation import PayloadError, check_range
 from grace.wire import packed_nbytes, to_bytes
+from gracecomm.compressors.cast import FP16
+from gracecomm.compressors.deepreduce.codec import (VALUE_CODECS, CodecCtx, ValueCodec, f32_bytes,
+                                          f32_values)
+from gracecomm.compressors.dithering import QSGD
 
 
 @VALUE_CODECS.register("raw")
@@ -71,7 +71,7 @@ class DeflateValues(ValueCodec):
 
 @VALUE_CODECS.register("qsgd")
 class QSGDValues(ValueCodec):
-    """QSGD (Alistarh et al. 2017) through the `qsgd` compressor (`compressors.dithering`):
+    """QSGD (Alistarh et al. 2017) through the `qsgd` compressor (`gracecomm.compressors.dithering`):
     `levels` = 2^7 - 1 levels and one float32 l2 norm per bucket of `bucket` values, a sign
     plane and 7-bit level codes, so n + 4 ceil(n / bucket) bytes (up to one byte of padding);
     unbiased, rounding noise independent across ranks (options `rng` and `seed` as there)."""

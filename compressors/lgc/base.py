@@ -23,13 +23,13 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from compressors.lgc.autoencoder import Decoder, Encoder, pad, padded_length
-from compressors.lgc.layout import Groups, Plan
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.sparse import desparsify, index_mask
 from grace.validation import (ConfigError, PayloadError, check_choice, check_range,
                               check_ratio, expect_payload)
 from grace.wire import payload_nbytes
+from gracecomm.compressors.lgc.autoencoder import Decoder, Encoder, pad, padded_length
+from gracecomm.compressors.lgc.layout import Groups, Plan
 
 SCALE_EPS = 1e-12
 

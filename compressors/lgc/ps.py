@@ -27,14 +27,14 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
-from compressors.lgc.base import LGC, LGCCtx, expect_dense, options
-from compressors.lgc.layout import Plan
 from grace.compressor import Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from grace.rng import stable_hash
 from grace.validation import ConfigError, PayloadError, check_choice, check_range
 from grace.wire import payload_nbytes
+from gracecomm.compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
+from gracecomm.compressors.lgc.base import LGC, LGCCtx, expect_dense, options
+from gracecomm.compressors.lgc.layout import Plan
 
 PARTS = {2: ("dense", "values", "index"),
          3: ("dense", "latent", "innovation", "values", "scalars", "index", "index")}

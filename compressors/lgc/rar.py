@@ -26,12 +26,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
-from compressors.lgc.base import LGC, SCALE_EPS, LGCCtx, expect_dense
-from compressors.lgc.layout import Plan
 from grace.compressor import Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from grace.validation import ConfigError, check_choice, check_range
+from gracecomm.compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
+from gracecomm.compressors.lgc.base import LGC, SCALE_EPS, LGCCtx, expect_dense
+from gracecomm.compressors.lgc.layout import Plan
 
 PARTS = {2: ("dense",), 3: ("dense", "latent", "values")}
 

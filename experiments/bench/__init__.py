@@ -1,4 +1,4 @@
-"""Micro-benchmarks: ``python -m experiments.bench [suite=NAME] [overrides]``.
+"""Micro-benchmarks: ``gracecomm-bench [suite=NAME] [overrides]``.
 
 A suite is a function that takes the Hydra config and returns a list of flat records; the
 entry point writes them to ``bench.json`` in the run directory and prints a table. Every

@@ -1,4 +1,4 @@
-"""Entry point of the micro-benchmarks (see `experiments.bench`)."""
+"""Entry point of the micro-benchmarks (see `gracecomm.experiments.bench`)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from experiments.bench import SUITES
-from experiments.bench.table import format_table
 from grace.plugins import import_submodules
 from grace.validation import check_choice
+from gracecomm.experiments.bench import SUITES
+from gracecomm.experiments.bench.table import format_table
 
 
 @hydra.main(version_base="1.3", config_path="../../configs", config_name="bench")
 def main(cfg: DictConfig) -> None:
-    import_submodules("experiments.bench")
+    import_submodules("gracecomm.experiments.bench")
     check_choice(cfg.suite, sorted(SUITES), "bench", "suite")
     records = SUITES[cfg.suite](cfg)
     out = os.path.join(HydraConfig.get().runtime.output_dir, "bench.json")

@@ -2,9 +2,9 @@
 and relative error ||g - C(g)|| / ||g|| of registered compressors, next to one read of the
 tensor (``t.sum()``) and ``torch.topk`` on ``|t|`` timed in the same run.
 
-    python -m experiments.bench                        # the defaults of configs/bench.yaml
-    python -m experiments.bench sizes=[2621440] ratios=[0.001] methods=[topk,sidco,dgc]
-    python -m experiments.bench gradients=[] distributions=[student_t]   # synthetic only
+    gracecomm-bench                        # the defaults of configs/bench.yaml
+    gracecomm-bench sizes=[2621440] ratios=[0.001] methods=[topk,sidco,dgc]
+    gracecomm-bench gradients=[] distributions=[student_t]   # synthetic only
 
 Sources: synthetic float32 tensors (``distributions``: laplace, gaussian, student_t[:dof]) and
 real gradients (``gradients``: model and data set names from configs/), captured while the
@@ -31,7 +31,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from experiments.bench import Record, suite
 from grace.config import instantiate
 from grace.estimation import ThresholdSparsifier
 from grace.metrics import Metrics
@@ -39,6 +38,7 @@ from grace.registry import COMPRESSORS
 from grace.timing import best_of
 from grace.validation import ConfigError, num_kept
 from grace.wire import payload_nbytes
+from gracecomm.experiments.bench import Record, suite
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 Sampler = Callable[[int, int], torch.Tensor]  # (numel, step) -> tensor
@@ -78,7 +78,7 @@ class GradientStream:
     def __init__(self, model: str, data: str, seed: int, warmup_steps: int = 30,
                  batch_size: int = 32, lr: float = 0.05, momentum: float = 0.9,
                  residual_ratio: float | None = None) -> None:
-        from experiments.tasks import make_task
+        from gracecomm.experiments.tasks import make_task
 
         root = OmegaConf.create({"seed": seed})
         root.model = OmegaConf.load(CONFIG_DIR / "model" / f"{model}.yaml")

@@ -1,8 +1,8 @@
 """Suites ``deepreduce`` and ``deepreduce_fig10``: DeepReduce's codecs (Kostopoulou et al.).
 
-    python -m experiments.bench suite=deepreduce
-    python -m experiments.bench suite=deepreduce_fig10
-    python -m experiments.bench suite=deepreduce +deepreduce.bloom_numel=262144
+    gracecomm-bench suite=deepreduce
+    gracecomm-bench suite=deepreduce_fig10
+    gracecomm-bench suite=deepreduce +deepreduce.bloom_numel=262144
 
 ``deepreduce``: (1) the Bloom filter's encode + decode (policy P0, FPR 0.001, Top-1% of
 ``bloom_numel`` = 2.6M positions) with the torch backend and with pybloom-live (the
@@ -34,13 +34,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from compressors.deepreduce import BloomIndex, CodecCtx, DeepReduce, bloom_size
-from compressors.topk import TopK
-from experiments.bench import Record, suite
-from experiments.bench.compressors import GradientStream, synthetic
-from experiments.bench.table import format_table
 from grace.metrics import Metrics
 from grace.timing import best_of
+from gracecomm.compressors.deepreduce import BloomIndex, CodecCtx, DeepReduce, bloom_size
+from gracecomm.compressors.topk import TopK
+from gracecomm.experiments.bench import Record, suite
+from gracecomm.experiments.bench.compressors import GradientStream, synthetic
+from gracecomm.experiments.bench.table import format_table
 
 INDEX = ["raw32", "packed", "bitmap", "rle", {"name": "rle", "mode": "alternate"}, "huffman",
          "delta_varint", "deflate", {"name": "deflate", "source": "bitmap"},

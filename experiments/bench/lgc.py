@@ -1,8 +1,8 @@
 """Suite ``lgc``: the per-step cost of LGC's phases next to plain Top-k on one model's
 gradients, in one process (a world of one rank: the PS master decodes one worker).
 
-    python -m experiments.bench suite=lgc
-    python -m experiments.bench suite=lgc +lgc.models=[resnet20,reference_cnn] +lgc.ratio=0.001
+    gracecomm-bench suite=lgc
+    gracecomm-bench suite=lgc +lgc.models=[resnet20,reference_cnn] +lgc.ratio=0.001
 
 Each method runs whole pipeline steps (memory, compression, exchange, decompression; for LGC
 the autoencoder's training step in phase 2, its encoder and decoder in phase 3) on seeded
@@ -21,8 +21,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import grace
-from experiments.bench import Record, suite
 from grace.config import instantiate
+from gracecomm.experiments.bench import Record, suite
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 DEFAULTS = {"models": ["resnet20"], "ratio": 0.01}

@@ -3,8 +3,8 @@
 tensor, next to one read of the tensor (``t.sum()``) and, where a copy of GRACE's torch
 compressors is present, the same method in GRACE, all timed in the same run:
 
-    python -m experiments.bench suite=quantizers
-    python -m experiments.bench suite=quantizers +quantizers.sizes=[1000000] +quantizers.repeats=3
+    gracecomm-bench suite=quantizers
+    gracecomm-bench suite=quantizers +quantizers.sizes=[1000000] +quantizers.repeats=3
 
 Options under ``quantizers`` (all optional): ``methods`` (registry names or
 {name, label, options...}), ``sizes`` (default [26000000]), ``distribution`` (default
@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.bench import Record, suite
-from experiments.bench.compressors import measure, method_instances, synthetic
 from grace.timing import best_of
+from gracecomm.experiments.bench import Record, suite
+from gracecomm.experiments.bench.compressors import measure, method_instances, synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_METHODS = [

@@ -1,0 +1,1 @@
+"""Hydra configs of gracecomm (a package so that they install as `gracecomm.configs`)."""
