@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 
 from grace.communicator import Communicator, Item
 from grace.compressor import Compressor
+from grace.exchange import Link, Rounds
 from grace.registry import COMMUNICATORS
 from grace.validation import IncompatibleError
 from grace.wire import payload_nbytes
@@ -19,9 +19,10 @@ from grace.wire import payload_nbytes
 class Allreduce(Communicator):
     """One allreduce per payload dtype per call (normally one per DDP bucket).
 
-    `decompress` receives the element-wise sum of all ranks' payloads and the communicator
-    divides the dense result by the world size, which is the mean for the linear
-    decompression that `summable` promises."""
+    Floating-point payloads are divided by the world size before they are summed (as DDP
+    and PyTorch's fp16 hook do, so that fp16 sums do not overflow): `decompress` receives
+    the mean payload, which for the linear decompression that `summable` promises is the
+    mean tensor. Integer payloads are summed, and the decompressed sum divided."""
 
     def check(self, compressor: Compressor) -> None:
         super().check(compressor)
@@ -32,23 +33,28 @@ class Allreduce(Communicator):
                 f"per-rank scales). Use communicator=allgather or communicator=broadcast, or "
                 f"pick a summable compressor (none, fp16, bf16, randomk, powersgd).")
 
-    def send_receive_many(self, items: Sequence[Item]) -> list[torch.Tensor]:
+    def exchange(self, items: Sequence[Item], link: Link) -> Rounds:
         local = self.flatten(items)
         self.count(payload_nbytes(local))
-        summed = list(local)
-        if self.world_size > 1:
+        world = self.world_size
+        reduced = list(local)
+        if world > 1:
+            flats = []
             for dtype in dict.fromkeys(t.dtype for t in local):
                 where = [i for i, t in enumerate(local) if t.dtype == dtype]
                 flat = torch.cat([local[i].reshape(-1) for i in where])
-                with self.collective("allreduce", payload_nbytes([flat])):
-                    dist.all_reduce(flat, group=self.group)
+                flats.append((where, flat.div_(world) if flat.is_floating_point() else flat))
+            yield [link.all_reduce(flat) for _, flat in flats]
+            for where, flat in flats:
                 for i, part in zip(where, flat.split([local[i].numel() for i in where])):
-                    summed[i] = part.view(local[i].shape)
+                    reduced[i] = part.view(local[i].shape)
         assert self.compressor is not None, "communicator used before bind()"
         outs, pos = [], 0
         with self.metrics.timer("decompress_s"):
             for payload, ctx, _ in items:
-                total = tuple(summed[pos:pos + len(payload)])
+                total = tuple(reduced[pos:pos + len(payload)])
                 pos += len(payload)
-                outs.append(self.compressor.decompress(total, ctx).div_(self.world_size))
+                out = self.compressor.decompress(total, ctx)
+                summed = world > 1 and not all(t.is_floating_point() for t in total)
+                outs.append(out.div_(world) if summed else out)
         return outs

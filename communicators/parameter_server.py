@@ -12,14 +12,14 @@ raises instead of waiting for a result that never comes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from grace.communicator import Communicator, Item, payload_device
 from grace.compressor import Compressor, Payload, TensorInfo
+from grace.exchange import Link, Rounds, Works
 from grace.pipeline import make_part
 from grace.registry import COMMUNICATORS, COMPRESSORS
 from grace.validation import ConfigError, IncompatibleError, check_range
@@ -73,8 +73,8 @@ def unpack(header: torch.Tensor, buf: torch.Tensor) -> list[tuple[TensorInfo, Pa
 @COMMUNICATORS.register("parameter_server")
 class ParameterServer(Communicator):
     """Per call: one size exchange (unless sizes are fixed), one gather of every rank's
-    payloads to `master_rank` (padded to the largest), and three broadcasts from the master
-    (status and sizes, the header, the result). `downlink`: a compressor applied to each
+    payloads to `master_rank` (padded to the largest), one broadcast from the master of the
+    status and sizes, and one round of two broadcasts (the header, the result). `downlink`: a compressor applied to each
     averaged tensor before the broadcast (e.g. ``fp16``, ``topk``, ``natural``); its ctx must
     be the plain `TensorInfo` of the tensor, since workers decompress without it."""
 
@@ -92,20 +92,20 @@ class ParameterServer(Communicator):
                                     f"{self.downlink.label}, which compresses whole models; "
                                     "pick a per-tensor compressor")
 
-    def send_receive_many(self, items: Sequence[Item]) -> list[torch.Tensor]:
+    def exchange(self, items: Sequence[Item], link: Link) -> Rounds:
         if self.master_rank >= self.world_size:
             raise ConfigError(f"{self.label}: option 'master_rank' is {self.master_rank} but the "
                               f"world has {self.world_size} ranks")
         device = payload_device(items)
         master = self.rank == self.master_rank
-        received = self.push(items, device)
+        received = yield from self.push(items, link, device)
         header = torch.zeros(3, dtype=torch.int64)  # status, header length, buffer bytes
         meta = torch.zeros(0, dtype=torch.int64)
         buf = torch.zeros(0, dtype=torch.uint8)
         error: Exception | None = None
         if master:
             try:
-                means = self.aggregate_items(items, received())
+                means = self.aggregate_items(items, received)
                 meta, buf = pack([self.encode(mean, name) for mean, (_, _, name)
                                   in zip(means, items)])
             except Exception as err:  # noqa: BLE001 - re-raised below, after telling the workers
@@ -113,12 +113,14 @@ class ParameterServer(Communicator):
                 buf = torch.tensor(list(f"{type(err).__name__}: {err}".encode()),
                                    dtype=torch.uint8)
             header[:] = torch.tensor([int(error is not None), meta.numel(), buf.numel()])
-        status, n_meta, n_buf = self.pull(header.to(device)).tolist()
+        header = header.to(device)
+        yield self.pull(link, header)
+        status, n_meta, n_buf = header.tolist()
         if not master:
             meta = torch.empty(n_meta, dtype=torch.int64)
             buf = torch.empty(n_buf, dtype=torch.uint8)
-        meta = self.pull(meta.to(device)) if n_meta else meta
-        buf = self.pull(buf.to(device)) if n_buf else buf.to(device)
+        meta, buf = meta.to(device), buf.to(device)
+        yield [*self.pull(link, meta), *self.pull(link, buf)]
         if error is not None:
             raise error
         if status:
@@ -130,23 +132,23 @@ class ParameterServer(Communicator):
             return [self.decode(info, payload) for info, payload in results]
 
     # -- uplink -------------------------------------------------------------------------------
-    def push(self, items: Sequence[Item], device: torch.device
-             ) -> Callable[[], list[list[Payload]]]:
-        """Gather every rank's payloads to the master. Returns the parser of what arrived
-        (every rank's payloads in rank order; only called on the master)."""
+    def push(self, items: Sequence[Item], link: Link, device: torch.device
+             ) -> Generator[Works, None, list[list[Payload]] | None]:
+        """Gather every rank's payloads to the master: every rank's payloads in rank order
+        on the master, None elsewhere."""
         local = self.flatten(items)
         own = [payload for payload, _, _ in items]
         if self.world_size == 1:
             self.count(payload_nbytes(local))
-            return lambda: [own]
-        buf, sizes, nbytes = padded_payloads(self, local, device)
-        master = self.rank == self.master_rank
-        bufs = [torch.empty_like(buf) for _ in range(self.world_size)] if master else None
-        with self.collective("ps_push", (self.world_size - 1) * buf.numel()):
-            dist.gather(buf, bufs, dst=self.global_rank(self.master_rank), group=self.group)
-        return lambda: [own if r == self.rank else
-                        self.rank_payloads(items, bufs[r][: nbytes[r]], sizes[r], r)
-                        for r in range(self.world_size)]
+            return [own]
+        buf, sizes, nbytes = yield from padded_payloads(self, link, local, device)
+        bufs, work = link.gather(buf, self.master_rank)
+        yield (work,)
+        if bufs is None:
+            return None
+        return [own if r == self.rank else
+                self.rank_payloads(items, bufs[r][: nbytes[r]], sizes[r], r)
+                for r in range(self.world_size)]
 
     # -- downlink -------------------------------------------------------------------------------
     def encode(self, mean: torch.Tensor, name: str) -> tuple[TensorInfo, Payload]:
@@ -167,12 +169,11 @@ class ParameterServer(Communicator):
             return payload[0].view(info.shape)
         return self.downlink.decompress(payload, info)
 
-    def pull(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Broadcast `tensor` from the master (the downlink)."""
-        if self.world_size > 1:
-            with self.collective("ps_pull", (self.world_size - 1) * payload_nbytes([tensor])):
-                dist.broadcast(tensor, src=self.global_rank(self.master_rank), group=self.group)
-        return tensor
+    def pull(self, link: Link, tensor: torch.Tensor) -> Works:
+        """Broadcast `tensor` from the master (the downlink), if there is anything to send."""
+        if self.world_size == 1 or not tensor.numel():
+            return ()
+        return (link.broadcast(tensor, self.master_rank, kind="ps_pull"),)
 
     def state_dict(self) -> dict[str, Any]:
         return {"downlink": self.downlink.state_dict()} if self.downlink is not None else {}

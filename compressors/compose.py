@@ -23,6 +23,7 @@ import torch
 
 from grace.compressor import Compressor, Payload
 from grace.metrics import Metrics
+from grace.needs import Need
 from grace.pipeline import make_part
 from grace.registry import COMPRESSORS
 from grace.validation import ConfigError, PayloadError
@@ -61,6 +62,9 @@ class Compose(Compressor):
                                else "none")
         allowed = [set(s.communicators) for s in stages if s.communicators is not None]
         self.communicators = (tuple(sorted(set.intersection(*allowed))) if allowed else None)
+
+    def needs(self) -> frozenset[Need]:
+        return frozenset().union(*(stage.needs() for stage in self.stages))
 
     @property
     def label(self) -> str:

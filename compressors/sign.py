@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from grace.compressor import Compressor, Payload, TensorInfo
+from grace.needs import Need
 from grace.registry import COMPRESSORS
 from grace.stochastic import kernels_enabled, use_kernels
 from grace.validation import PayloadError, check_range, expect_payload, wire_float32
@@ -132,16 +133,16 @@ class SignSGD(MajorityVote):
 @COMPRESSORS.register("signum")
 class Signum(MajorityVote):
     """Signum: majority vote on the signs of the local momentum (kept per tensor). The
-    momentum lives here, so trainers run the optimizer without momentum
-    (`replaces_optimizer_momentum`)."""
-
-    replaces_optimizer_momentum: ClassVar[bool] = True
+    momentum lives here, so the optimizer runs without it (`Need.OWNS_MOMENTUM`)."""
 
     def __init__(self, momentum: float = 0.9) -> None:
         super().__init__()
         self.momentum = float(check_range(momentum, self.label, "momentum", 0.0, 1.0,
                                           high_open=True))
         self.momentums: dict[str, torch.Tensor] = {}
+
+    def needs(self) -> frozenset[Need]:
+        return super().needs() | {Need.OWNS_MOMENTUM}
 
     def signal(self, x: torch.Tensor, name: str) -> torch.Tensor:
         m = self.momentums.get(name)

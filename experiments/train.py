@@ -12,6 +12,7 @@ Without launcher variables the command spawns `trainer.world_size` local workers
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -31,16 +32,19 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
-from grace import Compressor, Grace, Memory, register_comm_hook
+from grace import Grace, GradientExchange, Need, register_comm_hook
 from grace.config import instantiate
 from grace.consistency import describe, verify_same_on_all_ranks
 from grace.launch import (exit_now, finish_process_group, init_process_group,
                           launched_externally, spawn)
-from grace.network import COLLECTIVE_KEYS, Network, networks, overhead_time, project
+from grace.network import (COLLECTIVE_KEYS, Network, compute_time, networks, overhead_time,
+                           project)
 from grace.rng import stable_hash
 from grace.validation import ConfigError, check_choice, check_range
 from gracecomm.experiments import checkpoint
 from gracecomm.experiments.tasks import Task, make_task
+from gracecomm.experiments.torch_hooks import (AllreduceCounter, check_torch_exchange,
+                                               register_torch_hook)
 
 SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "compress_s", "decompress_s",
                "memory_s", "comm_s", "step_s", "exchanges", *COLLECTIVE_KEYS)
@@ -72,7 +76,11 @@ def validate(cfg: DictConfig) -> None:
     check_choice(t.backend, ("auto", "gloo", "nccl"), "trainer", "backend")
     check_choice(t.device, ("auto", "cpu", "cuda"), "trainer", "device")
     optimizer_name(cfg)
-    exchange_mode(cfg, build_grace(cfg))
+    check_range(t.bucket_cap_mb, "trainer", "bucket_cap_mb", 0.0, low_open=True)
+    pipeline = build_grace(cfg)
+    make_optimizer(cfg, nn.Linear(1, 1), pipeline)
+    if exchange_mode(cfg) == "torch":
+        check_torch_exchange(pipeline)
     if t.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("trainer: option 'device' is 'cuda' but no CUDA device is available; "
                           "use trainer.device=cpu or auto")
@@ -93,8 +101,10 @@ def check_scale(cfg: DictConfig) -> None:
 
 
 def configured_networks(cfg: DictConfig) -> list[Network]:
-    """The networks of ``network.bandwidth_gbps`` x ``network.latency_us`` (grace.network)."""
-    return networks(cfg.network.bandwidth_gbps, cfg.network.latency_us)
+    """The networks of ``network.bandwidth_gbps`` x ``network.latency_us`` (grace.network);
+    ``network.shared``: all ranks' traffic crosses one link."""
+    return networks(cfg.network.bandwidth_gbps, cfg.network.latency_us,
+                    cfg.network.get("shared", False))
 
 
 def check_model_fits_data(cfg: DictConfig) -> None:
@@ -127,31 +137,21 @@ def check_model_fits_data(cfg: DictConfig) -> None:
                           "size, users/items, vocabulary)") from None
 
 
-def exchange_mode(cfg: DictConfig, grace: Grace) -> str:
-    """``hook``: a DDP comm hook exchanges each gradient bucket during backward; ``step``:
-    all gradients are exchanged in one `step_many` after backward (needed by model-level
-    methods such as LGC, and the pattern for custom loops)."""
-    mode = check_choice(cfg.trainer.get("exchange", "auto"), ("auto", "hook", "step"),
-                        "trainer", "exchange")
-    # a part holding the momentum (DGC's memory, Signum) needs weight decay (and DGC the
-    # model's gradient norm) applied before the exchange, which `exchange_gradients` does
-    whole = grace.compressor if grace.compressor.model_level else momentum_owner(grace)
-    if mode == "auto":
-        return "step" if whole is not None else "hook"
-    if mode == "hook" and whole is not None:
-        raise ConfigError(f"trainer: option 'exchange' is 'hook' but {whole.label} "
-                          "needs all gradients at once; use trainer.exchange=step or auto")
-    return mode
+EXCHANGES = ("hook", "hook_sync", "step", "torch")
 
 
-def momentum_owner(grace: Grace) -> Compressor | Memory | None:
-    """The part that applies the momentum itself (``replaces_optimizer_momentum``: DGC's
-    momentum correction, Signum): the optimizer then runs without momentum and weight decay
-    is added to the gradients before compression."""
-    for part in (grace.memory, grace.compressor):
-        if getattr(part, "replaces_optimizer_momentum", False):
-            return part
-    return None
+def exchange_mode(cfg: DictConfig) -> str:
+    """How gradients are exchanged (`grace.ddp`):
+
+    - ``hook`` (every method): the asynchronous DDP comm hook, each bucket's communication
+      overlapping the backward pass of the next (methods that need the whole step at once
+      are exchanged after the last bucket);
+    - ``hook_sync``: the same hook, waiting for each bucket's exchange (no overlap);
+    - ``step``: the custom-loop path, `GradientExchange.step` after backward;
+    - ``torch``: PyTorch's own DDP communication for the compressor, as a baseline
+      (`gracecomm.experiments.torch_hooks`: plain DDP for ``none``, its fp16/bf16/PowerSGD
+      hooks)."""
+    return check_choice(cfg.trainer.get("exchange", "hook"), EXCHANGES, "trainer", "exchange")
 
 
 def broadcast_state(model: nn.Module, parameters: bool = True) -> None:
@@ -161,21 +161,6 @@ def broadcast_state(model: nn.Module, parameters: bool = True) -> None:
     tensors = list(model.buffers()) + (list(model.parameters()) if parameters else [])
     for tensor in tensors:
         dist.broadcast(tensor.data, src=0)
-
-
-def exchange_gradients(model: nn.Module, grace: Grace, weight_decay: float = 0.0) -> None:
-    """Replace every gradient by the mean over ranks, through `grace` in one call; add
-    `weight_decay` * parameter first, and give the memory the local norm if it clips by it."""
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    grads = [(n, p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in params]
-    if weight_decay:
-        grads = [(n, g.add(p.detach(), alpha=weight_decay))
-                 for (n, g), (_, p) in zip(grads, params)]
-    if getattr(grace.memory, "needs_local_norm", False):
-        norms = torch.stack([torch.linalg.vector_norm(g.float()) for _, g in grads])
-        grace.memory.set_local_norm(float(torch.linalg.vector_norm(norms)))
-    for (_, p), mean in zip(params, grace.step_many(grads)):
-        p.grad = mean
 
 
 def _device(cfg: DictConfig, rank: int) -> torch.device:
@@ -221,16 +206,22 @@ def optimizer_name(cfg: DictConfig) -> str:
 
 
 def make_optimizer(cfg: DictConfig, model: nn.Module,
-                   pipeline_momentum: bool = False) -> torch.optim.Optimizer:
-    """With `pipeline_momentum` (see `momentum_owner`) SGD runs without momentum and
-    weight decay is left to `exchange_gradients`."""
+                   grace: Grace) -> tuple[torch.optim.Optimizer, float]:
+    """The optimizer, and the weight decay the exchange adds before compression. Where a
+    part of `grace` applies the momentum itself (`Need.OWNS_MOMENTUM`: DGC's memory,
+    Signum), SGD runs without momentum and the weight decay moves to the exchange; the
+    library refuses any other combination (`grace.ddp.check_optimizer`)."""
     t = cfg.trainer
-    weight_decay = 0.0 if pipeline_momentum else t.weight_decay
+    if Need.OWNS_MOMENTUM in grace.needs:
+        if optimizer_name(cfg) == "adam":
+            raise ConfigError(f"trainer: option 'optimizer' is 'adam' but "
+                              f"{grace.needed_by(Need.OWNS_MOMENTUM)} applies the momentum "
+                              "itself; use trainer.optimizer=sgd")
+        return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=0.0), float(t.weight_decay)
     if optimizer_name(cfg) == "adam":
-        return torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=weight_decay)
-    return torch.optim.SGD(model.parameters(), lr=t.lr,
-                           momentum=0.0 if pipeline_momentum else t.momentum,
-                           weight_decay=weight_decay)
+        return torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay), 0.0
+    return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
+                           weight_decay=t.weight_decay), 0.0
 
 
 def setup_parts(cfg: DictConfig, model: nn.Module, world_size: int) -> dict[str, str]:
@@ -241,7 +232,7 @@ def setup_parts(cfg: DictConfig, model: nn.Module, world_size: int) -> dict[str,
     return {"compressor": describe(container["compressor"]),
             "memory": describe(container["memory"]),
             "communicator": describe(container["communicator"]),
-            "exchange": describe([cfg.trainer.get("exchange", "auto"), cfg.check_finite]),
+            "exchange": describe([exchange_mode(cfg), cfg.check_finite]),
             "parameters": describe(params), "world_size": str(world_size)}
 
 
@@ -261,8 +252,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     parts = setup_parts(cfg, model, world_size)
     verify_same_on_all_ranks(parts)
     fingerprint = str(stable_hash(sorted(parts.items())))
-    owner = momentum_owner(grace)
-    optimizer = make_optimizer(cfg, model, owner is not None)
+    optimizer, decay = make_optimizer(cfg, model, grace)
     position, totals = checkpoint.Position(), dict.fromkeys(SUMMED_KEYS, 0.0)
     resumed = None
     if t.resume:
@@ -272,22 +262,33 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
         grace.load_state_dict(resumed["grace"])
         position = checkpoint.Position(**resumed["position"])
         totals.update(resumed["totals"])
-    per_bucket = exchange_mode(cfg, grace) == "hook"
+    mode = exchange_mode(cfg)
+    per_bucket = mode != "step"
+    counter = contextlib.nullcontext()
     if per_bucket:
         net: nn.Module = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-        register_comm_hook(net, grace)
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=float(t.bucket_cap_mb))
+        if mode == "torch":
+            register_torch_hook(net, grace)
+            counter = AllreduceCounter(net, grace.metrics,
+                                       hooked=grace.compressor.registry_name != "none")
+        else:
+            register_comm_hook(net, grace, optimizer, weight_decay=decay,
+                               asynchronous=mode == "hook")
     else:
         net = model
         broadcast_state(model)
+        exchange = GradientExchange(grace, model, optimizer, weight_decay=decay)
     sampler = DistributedSampler(data.train, num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=cfg.seed)
     loader = DataLoader(data.train, batch_size=t.batch_size, sampler=sampler, drop_last=False)
     if position.batch >= len(loader):  # saved at the end of an epoch
         position = checkpoint.Position(position.step, position.epoch + 1, 0)
-    if owner is not None and rank == 0:
-        print(f"{owner.label} applies the momentum: the optimizer runs with momentum 0 "
-              "and weight decay is added to the gradients before compression", flush=True)
+    if Need.OWNS_MOMENTUM in grace.needs and rank == 0:
+        print(f"{grace.needed_by(Need.OWNS_MOMENTUM)} applies the momentum: the optimizer "
+              "runs with momentum 0 and weight decay is added to the gradients before "
+              "compression", flush=True)
     total_steps = t.epochs * len(loader)
     if t.max_steps is not None:
         total_steps = min(total_steps, int(t.max_steps))
@@ -327,14 +328,16 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
             start = time.perf_counter()
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = task.loss(net(x), y)
-            loss.backward()
+            with counter:
+                loss = task.loss(net(x), y)
+                loss.backward()
             if not per_bucket:
-                exchange_gradients(model, grace, t.weight_decay if owner is not None else 0.0)
+                exchange.step()
             optimizer.step()
             loss_value = loss.item()
             stats = grace.metrics.pop()
             stats["step_s"] = time.perf_counter() - start
+            stats["compute_s"] = slowest(compute_time(stats), device)
             stats.update(project(stats, world_size, nets))
             for key in SUMMED_KEYS:
                 totals[key] += stats.get(key, 0.0)
@@ -371,6 +374,15 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     if logger is not None:
         logger.finish(summary)
         print(format_summary(summary, run_dir), flush=True)
+
+
+def slowest(seconds: float, device: torch.device) -> float:
+    """The largest of every rank's `seconds` (one small allreduce)."""
+    if not dist.is_initialized():
+        return seconds
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value)
 
 
 def tensor_bytes(state: Any) -> int:

@@ -8,21 +8,25 @@ Three abstractions, composed per tensor (see DESIGN.md):
 
     from grace import build, register_comm_hook
     grace = build({"name": "topk", "ratio": 0.01}, "residual")
-    register_comm_hook(ddp_model, grace)         # or: grace.step(tensor, name)
+    register_comm_hook(ddp_model, grace, optimizer)   # asynchronous, overlaps backward
+    # custom loops: GradientExchange(grace, model, optimizer).step() after backward,
+    # or grace.step(tensor, name) per tensor
 """
 
 from grace.communicator import Communicator
 from grace.compressor import Compressor, Payload, TensorInfo
-from grace.ddp import register_comm_hook
+from grace.ddp import GradientExchange, register_comm_hook
 from grace.memory import Memory
 from grace.metrics import Metrics
+from grace.needs import Need
 from grace.pipeline import Grace, build
 from grace.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, available, create
 from grace.validation import ConfigError, IncompatibleError, NonFiniteError, PayloadError
 
 __all__ = [
     "COMMUNICATORS", "COMPRESSORS", "MEMORIES", "Communicator", "Compressor", "ConfigError",
-    "Grace", "IncompatibleError", "Memory", "Metrics", "NonFiniteError", "Payload",
-    "PayloadError", "TensorInfo", "available", "build", "create", "register_comm_hook",
+    "Grace", "GradientExchange", "IncompatibleError", "Memory", "Metrics", "Need",
+    "NonFiniteError", "Payload", "PayloadError", "TensorInfo", "available", "build", "create",
+    "register_comm_hook",
 ]
 __version__ = "0.1.0"

@@ -1,5 +1,9 @@
 """The Communicator abstraction: moves payloads between ranks and returns the mean over ranks.
 
+A communicator describes one exchange as rounds of asynchronous collectives (`exchange`, a
+generator: see `grace.exchange`), so the same description runs synchronously (`send_receive`,
+`send_receive_many`) or overlapped with the backward pass (`start`, which the DDP hook uses).
+
 Communicators are the only place where bytes are counted: ``wire_bytes`` is the sum of
 numel * element_size over the payload tensors this rank contributes, ``sent_bytes`` adds the
 size headers and padding that the collectives really carry. Compressors with collectives of
@@ -13,18 +17,17 @@ pipeline also runs in a single process (tests, benchmarks, notebooks).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
 from grace.compressor import Compressor, Payload
+from grace.exchange import Continuations, Exchange, Link, Rounds, Works
 from grace.metrics import Metrics
-from grace.network import bytes_key, calls_key, check_kind
 from grace.validation import IncompatibleError, PayloadError
-from grace.wire import from_bytes, payload_nbytes, to_bytes
+from grace.wire import from_bytes, payload_nbytes
 
 Item = tuple[Payload, Any, str]  # (payload, ctx, tensor name)
 
@@ -38,6 +41,7 @@ class Communicator(ABC):
         self.group = group
         self.compressor: Compressor | None = None
         self.metrics = Metrics()
+        self._continuations: Continuations | None = None
 
     @property
     def label(self) -> str:
@@ -75,14 +79,40 @@ class Communicator(ABC):
         self.metrics = metrics
 
     # -- the pipeline's entry points -------------------------------------------------------
+    @abstractmethod
+    def exchange(self, items: Sequence[Item], link: Link) -> Rounds:
+        """The exchange of `items` as rounds of collectives launched through `link` (each
+        round yields its Works; see `grace.exchange`); returns the mean over ranks of every
+        item as a dense tensor, in order. One DDP bucket is one call: as few collectives as
+        the method allows (one, plus the sizes where they vary)."""
+
+    def start(self, items: Sequence[Item],
+              finish: Callable[[list[torch.Tensor]], Any] | None = None) -> Exchange:
+        """Launch the first round of exchanging `items` on this rank's thread; `Exchange.wait`
+        or `Exchange.submit` runs the rest (`finish` transforms the means). No items: no
+        collective."""
+        link = self.link()
+        rounds = self.exchange(items, link) if items else nothing()
+        return Exchange(self, rounds, link, [name for _, _, name in items], finish)
+
+    def link(self) -> Link:
+        """The accounted asynchronous collectives of one new exchange."""
+        return Link(self, self.group)
+
+    def continuations(self) -> Continuations:
+        """The worker that runs later rounds of submitted exchanges (created on first use;
+        every rank reaches its first asynchronous exchange at the same point)."""
+        if self._continuations is None:
+            self._continuations = Continuations(self.group)
+        return self._continuations
+
     def send_receive(self, payload: Payload, ctx: Any, name: str) -> torch.Tensor:
         """Send this rank's payload and return the mean over ranks as a dense tensor."""
         return self.send_receive_many([(payload, ctx, name)])[0]
 
-    @abstractmethod
     def send_receive_many(self, items: Sequence[Item]) -> list[torch.Tensor]:
-        """Like `send_receive` for several tensors at once, in as few collectives as the
-        method allows (one DDP bucket -> one collective, plus sizes where they vary)."""
+        """`send_receive` for several tensors at once, synchronously."""
+        return self.start(items).wait()
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -96,22 +126,27 @@ class Communicator(ABC):
         self.metrics.add("wire_bytes", wire_bytes)
         self.metrics.add("sent_bytes", wire_bytes if sent_bytes is None else sent_bytes)
 
-    @contextmanager
-    def collective(self, kind: str, nbytes: int) -> Iterator[None]:
-        """Time one collective (``comm_s``) and record it for the network cost model:
-        ``coll_<kind>_calls`` += 1 and ``coll_<kind>_bytes`` += `nbytes`, the message size
-        as `grace.network` defines it for `kind` (e.g. all ranks' bytes for an allgather)."""
-        self.metrics.add(calls_key(check_kind(kind)), 1)
-        self.metrics.add(bytes_key(kind), nbytes)
-        with self.metrics.timer("comm_s"):
-            yield
+    def wait_for(self, works: Works, key: str = "comm_s") -> None:
+        """Wait for launched collectives, adding the time to `key` (``comm_s``: the time the
+        training thread waited; ``comm_async_s``: the exchange worker's waits)."""
+        if works:
+            with self.metrics.timer(key):
+                for work in works:
+                    work.wait()
+
+    def run_now(self, rounds: Generator[Works, None, Any]) -> Any:
+        """Run rounds of collectives on this thread and return what they return."""
+        try:
+            while True:
+                self.wait_for(next(rounds))
+        except StopIteration as stop:
+            return stop.value
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` over ranks in place (counted as payload)."""
         self.count(payload_nbytes([tensor]))
         if self.world_size > 1:
-            with self.collective("allreduce", payload_nbytes([tensor])):
-                dist.all_reduce(tensor, group=self.group)
+            self.wait_for([Link(self, self.group).all_reduce(tensor)])
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -119,9 +154,8 @@ class Communicator(ABC):
         self.count(payload_nbytes([tensor]))
         if self.world_size == 1:
             return [tensor]
-        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        with self.collective("allgather", self.world_size * payload_nbytes([tensor])):
-            dist.all_gather(out, tensor.contiguous(), group=self.group)
+        out, work = Link(self, self.group).all_gather(tensor)
+        self.wait_for([work])
         return out
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
@@ -129,20 +163,23 @@ class Communicator(ABC):
         if self.rank == src:
             self.count(payload_nbytes([tensor]))
         if self.world_size > 1:
-            with self.collective("broadcast", payload_nbytes([tensor])):
-                dist.broadcast(tensor, src=self.global_rank(src), group=self.group)
+            self.wait_for([Link(self, self.group).broadcast(tensor, src)])
         return tensor
 
     def gather_sizes(self, numels: Sequence[int], device: torch.device) -> list[list[int]]:
+        """`size_round`, run on this thread."""
+        return self.run_now(self.size_round(Link(self, self.group), numels, device))
+
+    def size_round(self, link: Link, numels: Sequence[int], device: torch.device
+                   ) -> Generator[Works, None, list[list[int]]]:
         """Exchange the element counts of every rank's payload tensors (one small allgather;
-        skipped when the compressor's payload sizes are fixed)."""
+        no round when the compressor's payload sizes are fixed). Returns every rank's."""
         if self.world_size == 1 or (self.compressor is not None and self.compressor.fixed_size):
             return [list(numels)] * self.world_size
         local = torch.tensor(list(numels), dtype=torch.int64, device=device)
         self.metrics.add("sent_bytes", local.numel() * 8)
-        out = [torch.empty_like(local) for _ in range(self.world_size)]
-        with self.collective("allgather", self.world_size * local.numel() * 8):
-            dist.all_gather(out, local, group=self.group)
+        out, work = link.all_gather(local)
+        yield (work,)
         sizes = [o.tolist() for o in out]
         for owner, rank_sizes in enumerate(sizes):
             if min(rank_sizes, default=0) < 0:
@@ -183,6 +220,12 @@ class Communicator(ABC):
                 except PayloadError as err:
                     raise PayloadError(f"tensor '{name}': {err}") from None
         return outs
+
+
+def nothing() -> Rounds:
+    """The exchange of no items: no round, no means."""
+    return []
+    yield  # a generator that returns at once
 
 
 def payload_device(items: Sequence[Item]) -> torch.device:

@@ -9,16 +9,18 @@ rank (shape, dtype, step, shared-seed state).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from grace.metrics import Metrics
+from grace.needs import Need
 
 if TYPE_CHECKING:
     from grace.communicator import Communicator
+    from grace.exchange import Link, Works
 
 Payload = tuple[torch.Tensor, ...]
 
@@ -52,9 +54,12 @@ class Compressor(ABC):
       pick when the user names none (biased methods bring error feedback).
     - ``communicators``: if set, the only communicators this compressor works with (methods
       with collectives of their own).
-    - ``model_level``: the method needs every gradient of the model in one `step_many` call
-      (e.g. LGC concatenates all layers), so trainers exchange after backward instead of
-      per DDP bucket. Such a compressor implements `compress_model` instead of `compress`.
+    - ``model_level``: the method compresses every gradient of a step at once (LGC
+      concatenates all layers): it implements `compress_model` instead of `compress`, and
+      needs `Need.WHOLE_MODEL` from the exchange.
+
+    What it needs from the exchange beyond that (`needs`) is honoured by the library: see
+    `grace.needs`.
     """
 
     summable: ClassVar[bool] = False
@@ -73,6 +78,10 @@ class Compressor(ABC):
     def label(self) -> str:
         return f"compressor '{self.registry_name or type(self).__name__}'"
 
+    def needs(self) -> frozenset[Need]:
+        """What this compressor needs from the exchange (`grace.needs`)."""
+        return frozenset({Need.WHOLE_MODEL}) if self.model_level else frozenset()
+
     def bind(self, comm: Communicator | None, metrics: Metrics) -> None:
         """Called by the pipeline: share its metrics and give access to accounted collectives."""
         self.comm = comm
@@ -85,6 +94,20 @@ class Compressor(ABC):
     @abstractmethod
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         """Rebuild a dense tensor of the original shape and dtype from `payload`."""
+
+    def compress_rounds(self, named: Sequence[tuple[str, torch.Tensor]], link: Link
+                        ) -> Generator[Works, None, list[tuple[Payload, Any]]]:
+        """Compress the tensors of one exchange (one DDP bucket): (payload, ctx) each. By
+        default `compress` each, without collectives. A method whose compression needs
+        collectives of its own (PowerSGD's first allreduce) launches them through `link`
+        and yields them (`grace.exchange`), so they run asynchronously like the exchange."""
+        return [self.compress(tensor, name) for name, tensor in named]
+        yield  # a generator: no round
+
+    def feeds_back(self, ctx: Any) -> bool:
+        """Whether error feedback applies to this tensor this step (False during a dense
+        warm-up that bypasses the memory, as PyTorch's PowerSGD hook does)."""
+        return True
 
     def compress_model(self, named: Sequence[tuple[str, torch.Tensor]]
                        ) -> tuple[list[tuple[Payload, Any]], Payload, Any]:

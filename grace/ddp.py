@@ -1,53 +1,198 @@
-"""DistributedDataParallel integration: a communication hook that runs the Grace pipeline.
+"""A model's gradients through a Grace pipeline: the DDP communication hook, and the same
+exchange for custom loops.
 
     ddp = DistributedDataParallel(model)
-    grace = build({"name": "topk", "ratio": 0.01}, "residual")
-    register_comm_hook(ddp, grace)
+    grace = build({"name": "topk", "ratio": 0.01})
+    register_comm_hook(ddp, grace, optimizer)     # or, without DDP, after each backward:
+    exchange = GradientExchange(grace, model, optimizer); exchange.step()
 
 For each gradient bucket the hook compresses every parameter's gradient separately (its own
-k, its own statistics, its own residual keyed by the parameter name), exchanges the bucket's
-payloads in one collective (plus one for the sizes where they vary) and writes the mean over
-ranks back into the bucket. The hook runs synchronously and returns a completed future.
+k, its own statistics, its own residual keyed by the parameter name) on the backward thread,
+launches the bucket's first collective and returns a future, as PyTorch's own hooks do; the
+later rounds and the decompression run on the communicator's worker (`grace.exchange`), so a
+bucket's communication overlaps with the backward pass of the next buckets.
+
+What the parts need from the exchange (`grace.needs`) is honoured here: a part that applies
+the momentum itself gets its weight decay added before compression and is refused an
+optimizer that still has momentum or weight decay; a compressor of whole models (LGC) or a
+memory that clips by the norm of all local gradients (DGC) is exchanged once per step, after
+the last bucket, with every gradient in the model's parameter order, exactly as
+`GradientExchange.step` does in a custom loop.
 """
 
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from grace.metrics import Metrics
+from grace.needs import Need
 from grace.pipeline import Grace
+from grace.validation import ConfigError, check_range
+
+WHOLE_STEP = frozenset({Need.WHOLE_MODEL, Need.GLOBAL_NORM})
 
 
-@dataclass
-class GraceHookState:
-    """What the hook needs: the pipeline and the name of every parameter (by identity)."""
+def check_optimizer(grace: Grace, optimizer: torch.optim.Optimizer | None) -> None:
+    """Refuse an optimizer that would apply a momentum a part of `grace` already applies
+    (or weight decay that must come before compression), naming the fix."""
+    if Need.OWNS_MOMENTUM not in grace.needs:
+        return
+    owner = grace.needed_by(Need.OWNS_MOMENTUM)
+    fix = ("build it as torch.optim.SGD(params, lr, momentum=0, weight_decay=0) and pass the "
+           "weight decay to the exchange (weight_decay=...), which adds it before compression")
+    if optimizer is None:
+        raise ConfigError(f"{owner} applies the momentum itself, so the optimizer must run "
+                          f"without momentum: pass the optimizer to be checked; {fix}")
+    for i, group in enumerate(optimizer.param_groups):
+        if "momentum" not in group:
+            raise ConfigError(f"{owner} applies the momentum itself, but the optimizer "
+                              f"{type(optimizer).__name__} keeps moment estimates of its own; "
+                              f"{fix}")
+        if group["momentum"] or group.get("weight_decay", 0.0):
+            raise ConfigError(f"{owner} applies the momentum itself, but optimizer param group "
+                              f"{i} has momentum={group['momentum']} and weight_decay="
+                              f"{group.get('weight_decay', 0.0)}; {fix}")
 
-    grace: Grace
-    names: dict[int, str]
+
+class TailTimer:
+    """``comm_s`` of an asynchronous step: the time the training thread waits after the
+    step's last bucket hook has returned until its last collective has completed (zero if
+    it completed first); communication hidden behind backward is not counted. Either event
+    may come first (they happen on different threads)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._marks: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def mark(self, event: str, when: float) -> None:
+        """`event` is ``returned`` or ``communicated``."""
+        with self._lock:
+            self._marks[event] = when
+            if len(self._marks) == 2:
+                waited = self._marks.pop("communicated") - self._marks.pop("returned")
+                self.metrics.add("comm_s", max(0.0, waited))
 
 
-def grace_hook(state: GraceHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Compress, exchange and average one bucket (see module docstring). The annotations are
-    real objects, not strings: DDP inspects them when the hook is registered."""
-    grads = bucket.gradients()
-    names = [state.names[id(p)] for p in bucket.parameters()]
-    averaged = state.grace.step_many(list(zip(names, grads)))
-    buffer = bucket.buffer()
-    for grad, mean in zip(grads, averaged):
-        if grad.data_ptr() != mean.data_ptr():
-            grad.copy_(mean.view_as(grad))
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(buffer)
-    return future
+class GradientExchange:
+    """Every gradient of `model` through `grace` once per step, honouring the parts' needs
+    (module docstring). `weight_decay` is added to the gradients before compression (needed
+    where a part owns the momentum; `check_optimizer` refuses an optimizer that still
+    applies its own). `asynchronous`: the hook returns before the bucket's exchange has
+    completed (the synchronous path waits; both give identical results)."""
+
+    def __init__(self, grace: Grace, model: nn.Module,
+                 optimizer: torch.optim.Optimizer | None = None, *, weight_decay: float = 0.0,
+                 asynchronous: bool = True) -> None:
+        if not isinstance(grace, Grace):
+            raise ConfigError(f"the exchange needs a grace.Grace pipeline (grace.build(...)), "
+                              f"got {type(grace).__name__}")
+        check_optimizer(grace, optimizer)
+        self.grace = grace
+        self.weight_decay = float(check_range(weight_decay, "exchange", "weight_decay", 0.0))
+        self.asynchronous = bool(asynchronous)
+        self.parameters = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = {id(p): n for n, p in self.parameters}
+        self.order = {n: i for i, (n, _) in enumerate(self.parameters)}
+        self.whole_step = bool(grace.needs & WHOLE_STEP)
+        self.tail = TailTimer(grace.metrics)
+        self._waiting: list[tuple[list[str], list[torch.Tensor], list[torch.Tensor],
+                                  dist.GradBucket, torch.futures.Future[torch.Tensor]]] = []
+
+    def decayed(self, names: Sequence[str], grads: Sequence[torch.Tensor],
+                params: Sequence[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+        """(name, gradient + weight_decay * parameter) for each tensor."""
+        if not self.weight_decay:
+            return list(zip(names, grads))
+        return [(n, g.add(p.detach(), alpha=self.weight_decay))
+                for n, g, p in zip(names, grads, params)]
+
+    def step(self) -> None:
+        """A custom loop's exchange: after backward, replace every gradient by the mean over
+        ranks (a parameter without a gradient contributes zeros). Every rank calls it."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p)
+                 for _, p in self.parameters]
+        names = [n for n, _ in self.parameters]
+        params = [p for _, p in self.parameters]
+        for p, mean in zip(params, self.grace.step_many(self.decayed(names, grads, params))):
+            p.grad = mean
+
+    # -- the DDP hook ---------------------------------------------------------------------
+    def bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """The hook's work for one bucket: a future of the averaged bucket buffer."""
+        params = bucket.parameters()
+        grads = bucket.gradients()
+        names = [self.names[id(p)] for p in params]
+        named = self.decayed(names, grads, params)
+        if self.whole_step:
+            future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            self._waiting.append((names, grads, [t for _, t in named], bucket, future))
+            if bucket.is_last():
+                self._exchange_whole_step()
+            return future
+        exchange = self.grace.start_many(named)
+        buffer = bucket.buffer()
+        last = bucket.is_last()
+
+        def write_back(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            means = done.value()
+            if last and exchange.submitted:
+                self.tail.mark("communicated", exchange.waited_until)
+            for grad, mean in zip(grads, means):
+                if grad.data_ptr() != mean.data_ptr():
+                    grad.copy_(mean.view_as(grad))
+            return buffer
+
+        result = exchange.future.then(write_back)
+        if self.asynchronous:
+            exchange.submit()
+            if last and exchange.submitted:
+                self.tail.mark("returned", time.perf_counter())
+        else:
+            exchange.wait()
+        return result
+
+    def _exchange_whole_step(self) -> None:
+        """At the last bucket: exchange every waiting gradient in one call, in the model's
+        parameter order, and complete every waiting bucket's future."""
+        waiting, self._waiting = self._waiting, []
+        entries = sorted(((n, t) for names, _, tensors, _, _ in waiting
+                          for n, t in zip(names, tensors)), key=lambda e: self.order[e[0]])
+        try:
+            means = dict(zip((n for n, _ in entries), self.grace.step_many(entries)))
+        except BaseException as err:
+            for *_, future in waiting:
+                future.set_exception(err)
+            raise
+        for names, grads, _, bucket, future in waiting:
+            for name, grad in zip(names, grads):
+                grad.copy_(means[name].view_as(grad))
+            future.set_result(bucket.buffer())
 
 
-def register_comm_hook(model: DistributedDataParallel, grace: Grace) -> GraceHookState:
-    """Make `model` exchange its gradients through `grace`; returns the hook's state."""
+def grace_hook(state: GradientExchange,
+               bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP communication hook (see module docstring). The annotations are real objects,
+    not strings: DDP inspects them when the hook is registered."""
+    return state.bucket(bucket)
+
+
+def register_comm_hook(model: DistributedDataParallel, grace: Grace,
+                       optimizer: torch.optim.Optimizer | None = None, *,
+                       weight_decay: float = 0.0, asynchronous: bool = True) -> GradientExchange:
+    """Make `model` exchange its gradients through `grace`; returns the hook's state. Pass
+    the optimizer where a part applies the momentum itself (it is checked), and the weight
+    decay to add before compression (`GradientExchange`)."""
     if not isinstance(model, DistributedDataParallel):
         raise TypeError(f"register_comm_hook needs a DistributedDataParallel model, got "
-                        f"{type(model).__name__}; wrap it first or call grace.step() yourself")
-    names = {id(p): n for n, p in model.module.named_parameters()}
-    state = GraceHookState(grace, names)
+                        f"{type(model).__name__}; wrap it first, or use "
+                        "GradientExchange(grace, model, optimizer).step() after backward")
+    state = GradientExchange(grace, model.module, optimizer, weight_decay=weight_decay,
+                             asynchronous=asynchronous)
     model.register_comm_hook(state, grace_hook)
     return state

@@ -3,7 +3,8 @@
 ``compensate(g, name)`` runs before compression and returns the tensor to compress;
 ``update(t, name, compressor, payload, ctx)`` runs after it, with the compensated tensor and
 this rank's own payload, and keeps whatever the next step needs (e.g. the residual
-t - decompress(payload)).
+t - decompress(payload)). A memory with ``wants_mean`` also gets ``update_mean(t, name,
+compressor, ctx, mean)`` once the exchange has returned the mean over ranks.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from grace.metrics import Metrics
+from grace.needs import Need
 
 if TYPE_CHECKING:
     from grace.compressor import Compressor, Payload
@@ -28,11 +30,20 @@ class Memory(ABC):
         self.metrics = Metrics()
 
     @property
+    def wants_mean(self) -> bool:
+        """Whether `update_mean` should be called after each exchange."""
+        return False
+
+    @property
     def label(self) -> str:
         return f"memory '{self.registry_name or type(self).__name__}'"
 
     def bind(self, metrics: Metrics) -> None:
         self.metrics = metrics
+
+    def needs(self) -> frozenset[Need]:
+        """What this memory needs from the exchange (`grace.needs`)."""
+        return frozenset()
 
     def check(self, compressor: Compressor) -> None:
         """Raise `IncompatibleError` if this memory cannot work with `compressor`."""
@@ -46,8 +57,14 @@ class Memory(ABC):
                payload: Payload, ctx: Any) -> None:
         """Record what was not sent; `tensor` is what `compensate` returned."""
 
+    def update_mean(self, tensor: torch.Tensor, name: str, compressor: Compressor, ctx: Any,
+                    mean: torch.Tensor) -> None:
+        """After the exchange (memories with ``wants_mean``): `tensor` is what `compensate`
+        returned, `mean` the mean over ranks the exchange returned for it."""
+
     def set_local_norm(self, norm: float) -> None:
-        """Hook for memories that clip by the norm of all local gradients (DGC)."""
+        """The norm of all local gradients of the step, given by the pipeline before any of
+        them is compensated, to memories that need `Need.GLOBAL_NORM` (DGC's clipping)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -6,7 +6,12 @@ Keys written by the core:
 - ``dense_bytes``: bytes of the gradients before compression (numel * element_size).
 - ``wire_bytes``: bytes of the payload tensors, counted by the communicator.
 - ``sent_bytes``: bytes handed to collectives, including size headers and padding.
-- ``compress_s``, ``decompress_s``, ``memory_s``, ``comm_s``: seconds spent in each stage.
+- ``compress_s``, ``decompress_s``, ``memory_s``: seconds spent in each stage (decompression
+  of an asynchronous exchange runs on its worker thread, overlapped with backward).
+- ``comm_s``: seconds the training thread waited for communication; with the asynchronous
+  DDP hook, from the return of the step's last bucket hook until its last collective
+  completed (communication hidden behind backward is not counted).
+- ``comm_async_s``: seconds the asynchronous exchange's worker waited for collectives.
 - ``tensors``: number of tensors compressed this step.
 - ``exchanges``: calls that exchanged payloads (one per DDP bucket, or one per `step_many`).
 - ``coll_<kind>_calls``, ``coll_<kind>_bytes``: collectives issued and their message sizes,
@@ -19,6 +24,7 @@ Derived on `pop()`: ``ratio`` = dense_bytes / wire_bytes and, where a sparsifier
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -28,24 +34,36 @@ import torch
 
 
 class Metrics:
-    """Sums of per-step quantities plus per-tensor samples (for percentile bands)."""
+    """Sums of per-step quantities plus per-tensor samples (for percentile bands). Safe to
+    update from the exchange's worker thread while the training thread updates it too."""
 
     def __init__(self) -> None:
         self._sums: dict[str, float] = defaultdict(float)
         self._samples: dict[str, list[float]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self._by_thread = threading.local()
         self.sync_cuda = False
 
     def add(self, key: str, value: float) -> None:
         """Add `value` to the step's running sum for `key`."""
-        self._sums[key] += float(value)
+        with self._lock:
+            self._sums[key] += float(value)
+        own = self._by_thread.__dict__
+        own[key] = own.get(key, 0.0) + float(value)
 
     def get(self, key: str) -> float:
         """The step's running sum for `key` so far (0 if nothing was added)."""
         return self._sums.get(key, 0.0)
 
+    def added_here(self, key: str) -> float:
+        """Everything this thread has added to `key` so far (all steps): the difference of
+        two readings is what the thread added in between, whatever other threads add."""
+        return self._by_thread.__dict__.get(key, 0.0)
+
     def observe(self, key: str, value: float) -> None:
         """Record one per-tensor sample; `pop()` reports its mean, 5th and 95th percentiles."""
-        self._samples[key].append(float(value))
+        with self._lock:
+            self._samples[key].append(float(value))
 
     @contextmanager
     def timer(self, key: str) -> Iterator[None]:
@@ -58,20 +76,21 @@ class Metrics:
         finally:
             if self.sync_cuda:
                 torch.cuda.synchronize()
-            self._sums[key] += time.perf_counter() - start
+            self.add(key, time.perf_counter() - start)
 
     def pop(self) -> dict[str, float]:
         """Return this step's statistics and start a new step."""
-        out = dict(self._sums)
+        with self._lock:
+            sums, samples = self._sums, self._samples
+            self._sums, self._samples = defaultdict(float), defaultdict(list)
+        out = dict(sums)
         if out.get("wire_bytes", 0) > 0 and "dense_bytes" in out:
             out["ratio"] = out["dense_bytes"] / out["wire_bytes"]
         if out.get("k", 0) > 0 and "k_hat" in out:
             out["quality"] = out["k_hat"] / out["k"]
-        for key, values in self._samples.items():
+        for key, values in samples.items():
             t = torch.tensor(values, dtype=torch.float64)
             out[f"{key}_mean"] = float(t.mean())
             out[f"{key}_p5"] = float(torch.quantile(t, 0.05))
             out[f"{key}_p95"] = float(torch.quantile(t, 0.95))
-        self._sums = defaultdict(float)
-        self._samples = defaultdict(list)
         return out

@@ -13,6 +13,14 @@ communicators record it, see `Communicator.collective`):
 | ``ps_push`` (workers -> server; the server's link carries all) | bytes the server receives | alpha + n/B |
 | ``ps_pull`` (server -> workers) | bytes the server sends | alpha + n/B |
 
+That is the switched case: every rank has a full-duplex link of bandwidth B of its own (a
+cluster). With ``shared=True`` every rank's traffic crosses one link of bandwidth B (a hub,
+or the one loopback interface that `gracecomm.experiments.netbench` shapes on a single
+machine): the bandwidth term is then the bytes all ranks send, N times the switched term for
+the ring collectives (each rank sends 2(N-1)/N n for an allreduce, (N-1)/N n for an
+allgather, and N-1 ranks forward a broadcast), and unchanged for the parameter server, whose
+link already carries everything.
+
 A step with several collectives of a kind adds their times; since each time is linear in n,
 the sum is calls x latency term + (bandwidth factor) x total bytes / B. The projected step
 time is ``compute + compression overhead + modelled communication``, where compute is the
@@ -53,7 +61,12 @@ def overhead_time(stats: Mapping[str, float]) -> float:
 
 
 def compute_time(stats: Mapping[str, float]) -> float:
-    """Measured step time less the measured communication and compression overhead."""
+    """``compute_s`` if the caller measured it (the trainer records the slowest rank's: in a
+    synchronous step the others wait for it, which their ``comm_s`` would count as
+    communication), else the measured step time less the measured communication and
+    compression overhead."""
+    if "compute_s" in stats:
+        return stats["compute_s"]
     return max(0.0, stats.get("step_s", 0.0) - stats.get("comm_s", 0.0) - overhead_time(stats))
 
 
@@ -67,10 +80,12 @@ def check_kind(kind: str) -> str:
 @dataclass(frozen=True)
 class Network:
     """A homogeneous network: every rank has a link of `bandwidth_gbps` (10^9 bits/s) and
-    each message pays `latency_us` microseconds."""
+    each message pays `latency_us` microseconds; with `shared`, all ranks' traffic crosses
+    one such link (module docstring)."""
 
     bandwidth_gbps: float
     latency_us: float
+    shared: bool = False
 
     def __post_init__(self) -> None:
         check_range(self.bandwidth_gbps, "network", "bandwidth_gbps", 0.0, low_open=True)
@@ -95,6 +110,8 @@ class Network:
             "ps_push": (1, 1.0),
             "ps_pull": (1, 1.0),
         }[check_kind(kind)]
+        if self.shared and not kind.startswith("ps_"):
+            bandwidth_factor *= n
         return calls * latency_terms * alpha + bandwidth_factor * nbytes * beta
 
     def comm_time(self, stats: Mapping[str, float], world_size: int) -> float:
@@ -116,12 +133,13 @@ class Network:
                 f"speedup@{self.label}": dense / projected if projected > 0 else 1.0}
 
 
-def networks(bandwidths_gbps: Iterable[float] | float, latency_us: float) -> list[Network]:
+def networks(bandwidths_gbps: Iterable[float] | float, latency_us: float,
+             shared: bool = False) -> list[Network]:
     """One `Network` per bandwidth (a number or a list, as in ``network.bandwidth_gbps``)."""
     values = [bandwidths_gbps] if isinstance(bandwidths_gbps, (int, float)) else list(bandwidths_gbps)
     if not values:
         raise ConfigError("network: option 'bandwidth_gbps' must list at least one bandwidth")
-    return [Network(b, latency_us) for b in values]
+    return [Network(b, latency_us, bool(shared)) for b in values]
 
 
 def project(stats: Mapping[str, float], world_size: int,

@@ -2,14 +2,14 @@
 
     g --Memory.compensate--> t --Compressor.compress--> (payload, ctx)
       Memory.update(t, name, compressor, payload, ctx)
-    payload --Communicator.send_receive--> mean over ranks (dense)
+    payload --Communicator exchange--> mean over ranks (dense)
 
 Use `build` to assemble one from names, dicts, Hydra configs or instances.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,12 +17,16 @@ import torch
 from grace.communicator import Communicator, Item
 from grace.compressor import Compressor
 from grace.config import instantiate
+from grace.exchange import Exchange, Link, Rounds, Works
 from grace.memory import Memory
 from grace.metrics import Metrics
+from grace.needs import Need
 from grace.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, Registry
 from grace.validation import ConfigError, check_tensor
 
 MODEL_ITEM = "model"  # the name of the joint item of a model-level compressor
+
+Named = Sequence[tuple[str, torch.Tensor]]
 
 
 class Grace:
@@ -30,6 +34,10 @@ class Grace:
 
     `check_finite` (default on) raises `NonFiniteError` naming the tensor when a gradient
     holds NaN or Inf, instead of letting a compressor drop or spread it silently.
+
+    `needs` is what the parts need from the exchange (`grace.needs`): `step_many` gives
+    a memory that needs it the norm of the tensors of its call, and `GradientExchange` (the
+    DDP hook and custom loops) takes care of the rest.
     """
 
     def __init__(self, compressor: Compressor, memory: Memory, communicator: Communicator,
@@ -54,16 +62,30 @@ class Grace:
                 f"memory={self.memory.registry_name!r}, "
                 f"communicator={self.communicator.registry_name!r})")
 
+    @property
+    def needs(self) -> frozenset[Need]:
+        return self.compressor.needs() | self.memory.needs()
+
+    def needed_by(self, need: Need) -> str:
+        """Labels of the parts that need `need` (for messages)."""
+        return " and ".join(part.label for part in (self.compressor, self.memory)
+                            if need in part.needs())
+
     def step(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         """Compress `tensor`, exchange it and return the mean over ranks (same shape/dtype).
         Every rank must call this with the same names in the same order."""
         return self.step_many([(name, tensor)])[0]
 
-    def step_many(self, named: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+    def step_many(self, named: Named) -> list[torch.Tensor]:
         """`step` for several tensors, exchanged in as few collectives as the communicator
-        allows (the DDP hook passes one bucket at a time)."""
-        items: list[Item] = []
-        outputs: list[torch.Tensor | None] = []
+        allows. Pass every gradient of a step in one call where the parts need the whole
+        model or the global norm (`needs`)."""
+        return self.start_many(named).wait()
+
+    def start_many(self, named: Named) -> Exchange:
+        """Compress `named` on this thread and launch their exchange: ``wait()`` returns the
+        means (in order, same shapes and dtypes) and ``submit(...)`` lets the later rounds
+        run on the communicator's worker while this thread goes on (`grace.exchange`)."""
         metrics = self.metrics
         for name, grad in named:
             check_tensor(grad, name, finite=self.check_finite)
@@ -71,33 +93,68 @@ class Grace:
                 metrics.sync_cuda = True
             metrics.add("dense_bytes", grad.numel() * grad.element_size())
             metrics.add("tensors", 1)
+        if Need.GLOBAL_NORM in self.memory.needs():
+            norms = torch.stack([torch.linalg.vector_norm(g.float()) for _, g in named])
+            self.memory.set_local_norm(float(torch.linalg.vector_norm(norms)))
         if self.compressor.model_level:
-            return self._step_model(named)
-        for name, grad in named:
-            if grad.numel() == 0:  # same shape on every rank: nothing to exchange
-                outputs.append(grad.clone())
-                continue
-            with metrics.timer("memory_s"):
-                compensated = self.memory.compensate(grad, name)
-            payload, ctx = self._timed_compress(self.compressor.compress, compensated, name)
-            with metrics.timer("memory_s"):
-                self.memory.update(compensated, name, self.compressor, payload, ctx)
-            items.append((payload, ctx, name))
-            outputs.append(None)
-        if items:
+            return self._start_model(named)
+        live = [(name, grad) for name, grad in named if grad.numel()]
+        with metrics.timer("memory_s"):
+            compensated = [(name, self.memory.compensate(grad, name)) for name, grad in live]
+        if live:
             metrics.add("exchanges", 1)  # the dense-allreduce baseline of grace.network
-        received = iter(self.communicator.send_receive_many(items) if items else [])
-        return [out if out is not None else next(received) for out in outputs]
 
-    def _step_model(self, named: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
-        """`step_many` for model-level compressors (`Compressor.compress_model`): compensate
+        def merge(means: list[torch.Tensor]) -> list[torch.Tensor]:
+            received = iter(means)  # an empty tensor has the same shape on every rank
+            return [next(received) if grad.numel() else grad.clone() for _, grad in named]
+
+        link = self.communicator.link()
+        return Exchange(self.communicator, self._rounds(compensated, link), link,
+                        [name for name, _ in live], merge)
+
+    def _rounds(self, compensated: Named, link: Link) -> Rounds:
+        """Compression (with any rounds of its own), memory update and the communicator's
+        exchange of one call, as one generator of rounds (`grace.exchange`)."""
+        if not compensated:
+            return []
+        metrics = self.metrics
+        compressed = yield from self._timed(self.compressor.compress_rounds(compensated, link),
+                                            "compress_s")
+        items: list[Item] = []
+        with metrics.timer("memory_s"):
+            for (name, tensor), (payload, ctx) in zip(compensated, compressed):
+                self.memory.update(tensor, name, self.compressor, payload, ctx)
+                items.append((payload, ctx, name))
+        means = yield from self.communicator.exchange(items, link)
+        if self.memory.wants_mean:
+            with metrics.timer("memory_s"):
+                for (name, tensor), (_, ctx, _), mean in zip(compensated, items, means):
+                    self.memory.update_mean(tensor, name, self.compressor, ctx, mean)
+        return means
+
+    def _timed(self, rounds: Generator[Works, None, Any], key: str
+               ) -> Generator[Works, None, Any]:
+        """`rounds`, with the time spent advancing it (not waiting for its collectives)
+        added to `key`."""
+        while True:
+            with self.metrics.timer(key):
+                try:
+                    works = next(rounds)
+                except StopIteration as stop:
+                    result = stop.value
+                    break
+            yield works
+        return result
+
+    def _start_model(self, named: Named) -> Exchange:
+        """`start_many` for model-level compressors (`Compressor.compress_model`): compensate
         every tensor, compress all of them in one call, update the memory with each tensor's
         selection, and exchange one joint payload whose mean is the concatenation of every
         tensor's mean (flattened, in order)."""
         metrics = self.metrics
         live = [(name, grad) for name, grad in named if grad.numel()]
         if not live:
-            return [grad.clone() for _, grad in named]
+            return self.communicator.start([], lambda _: [grad.clone() for _, grad in named])
         with metrics.timer("memory_s"):
             compensated = [(name, self.memory.compensate(grad, name)) for name, grad in live]
         selections, payload, ctx = self._timed_compress(self.compressor.compress_model,
@@ -106,18 +163,22 @@ class Grace:
             for (name, tensor), (sel_payload, sel_ctx) in zip(compensated, selections):
                 self.memory.update(tensor, name, self.compressor, sel_payload, sel_ctx)
         metrics.add("exchanges", 1)
-        flat = self.communicator.send_receive_many([(payload, ctx, MODEL_ITEM)])[0]
-        means = iter(flat.split([grad.numel() for _, grad in live]))
-        return [next(means).view_as(grad) if grad.numel() else grad.clone() for _, grad in named]
+
+        def split(means: list[torch.Tensor]) -> list[torch.Tensor]:
+            parts = iter(means[0].split([grad.numel() for _, grad in live]))
+            return [next(parts).view_as(grad) if grad.numel() else grad.clone()
+                    for _, grad in named]
+
+        return self.communicator.start([(payload, ctx, MODEL_ITEM)], split)
 
     def _timed_compress(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Call a compression function, adding its time to ``compress_s`` except the time
         of its own collectives (PowerSGD's first round, LGC's index broadcast), which the
-        communicator's primitives already add to ``comm_s``."""
-        comm_before = self.metrics.get("comm_s")
+        communicator's primitives add to ``comm_s`` on this thread."""
+        comm_before = self.metrics.added_here("comm_s")
         with self.metrics.timer("compress_s"):
             result = fn(*args)
-        self.metrics.add("compress_s", comm_before - self.metrics.get("comm_s"))
+        self.metrics.add("compress_s", comm_before - self.metrics.added_here("comm_s"))
         return result
 
     def set_epoch(self, epoch: int) -> None:

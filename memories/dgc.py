@@ -10,30 +10,30 @@ Sec. 3.2): momentum correction, momentum factor masking and local gradient clipp
                     exact heavy-ball momentum, as LGC's dense layers and warm-up need)
 
 The momentum lives here, so the optimizer must run with momentum 0, and weight decay must be
-added to g before `compensate`: `replaces_optimizer_momentum` tells trainers so
-(`gracecomm.experiments.train` does both and logs it). With ``clip_scope: model`` (DGC's choice) every
-tensor is scaled by the same factor from the norm of all local gradients, which the trainer
-supplies with `set_local_norm` before the exchange; ``tensor`` clips each tensor by its own
-norm. With m = 0 and no clipping this memory equals residual memory exactly.
+added to g before `compensate` (`Need.OWNS_MOMENTUM`; the library checks the optimizer and
+adds the decay). With ``clip_scope: model`` (DGC's choice) every tensor is scaled by the same
+factor from the norm of all local gradients, which the pipeline supplies with `set_local_norm`
+before the exchange (`Need.GLOBAL_NORM`); ``tensor`` clips each tensor by its own norm. With
+m = 0 and no clipping this memory equals residual memory exactly.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from grace.compressor import Compressor, Payload
 from grace.memory import Memory
+from grace.needs import Need
 from grace.registry import MEMORIES
 from grace.validation import ConfigError, check_choice, check_range
 
 
 @MEMORIES.register("dgc")
 class DGCMemory(Memory):
-    replaces_optimizer_momentum: ClassVar[bool] = True
 
     def __init__(self, momentum: float = 0.9, nesterov: bool = False,
                  clip_norm: float | None = None, clip_scope: str = "model") -> None:
@@ -48,10 +48,9 @@ class DGCMemory(Memory):
         self.u: dict[str, torch.Tensor] = {}
         self.v: dict[str, torch.Tensor] = {}
 
-    @property
-    def needs_local_norm(self) -> bool:
-        """Whether the trainer must call `set_local_norm` before every exchange."""
-        return self.clip_norm is not None and self.clip_scope == "model"
+    def needs(self) -> frozenset[Need]:
+        clips_by_model = self.clip_norm is not None and self.clip_scope == "model"
+        return frozenset({Need.OWNS_MOMENTUM, *([Need.GLOBAL_NORM] if clips_by_model else [])})
 
     def set_local_norm(self, norm: float) -> None:
         self.local_norm = float(norm)
@@ -64,9 +63,9 @@ class DGCMemory(Memory):
             norm = float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
         elif self.local_norm is None:
             raise ConfigError(f"{self.label}: clip_scope 'model' needs the norm of all local "
-                              "gradients before each exchange: call memory.set_local_norm(norm) "
-                              "(gracecomm.experiments.train does) or use clip_scope=tensor "
-                              f"(tensor '{name}')")
+                              "gradients before each exchange, which the pipeline sets; call "
+                              "memory.set_local_norm(norm) when using the memory on its own, or "
+                              f"use clip_scope=tensor (tensor '{name}')")
         else:
             norm = self.local_norm
         factor = self.clip_norm / math.sqrt(world) / (norm + 1e-6)

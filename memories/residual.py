@@ -2,7 +2,12 @@
 al. 2019): what compression dropped is added back to the next gradient.
 
     compensate:  t = beta * e + gamma * g      (t = gamma * g on the first call)
-    update:      e = t - decompress(C(t))
+    update:      e = t - decompress(C(t))      (``reference: own``, the default)
+                 e = t - mean over ranks        (``reference: mean``, after the exchange)
+
+``reference: mean`` feeds back what the aggregate lacks of this rank's tensor, the choice of
+PyTorch's ``powerSGD_hook``; it skips the steps a compressor sends without error feedback
+(`Compressor.feeds_back`, e.g. PowerSGD's dense warm-up).
 """
 
 from __future__ import annotations
@@ -14,16 +19,21 @@ import torch
 from grace.compressor import Compressor, Payload
 from grace.memory import Memory
 from grace.registry import MEMORIES
-from grace.validation import check_range
+from grace.validation import check_choice, check_range
 
 
 @MEMORIES.register("residual")
 class ResidualMemory(Memory):
-    def __init__(self, beta: float = 1.0, gamma: float = 1.0) -> None:
+    def __init__(self, beta: float = 1.0, gamma: float = 1.0, reference: str = "own") -> None:
         super().__init__()
         self.beta = float(check_range(beta, self.label, "beta", 0.0))
         self.gamma = float(check_range(gamma, self.label, "gamma", 0.0))
+        self.reference = check_choice(reference, ("own", "mean"), self.label, "reference")
         self.residuals: dict[str, torch.Tensor] = {}
+
+    @property
+    def wants_mean(self) -> bool:
+        return self.reference == "mean"
 
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         residual = self.residuals.get(name)
@@ -34,7 +44,13 @@ class ResidualMemory(Memory):
 
     def update(self, tensor: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
-        self.residuals[name] = tensor - compressor.decompress(payload, ctx)
+        if self.reference == "own":
+            self.residuals[name] = tensor - compressor.decompress(payload, ctx)
+
+    def update_mean(self, tensor: torch.Tensor, name: str, compressor: Compressor, ctx: Any,
+                    mean: torch.Tensor) -> None:
+        if compressor.feeds_back(ctx):
+            self.residuals[name] = tensor - mean
 
     def state_dict(self) -> dict[str, Any]:
         return {"residuals": dict(self.residuals)}

@@ -12,6 +12,7 @@ from scipy import stats
 
 from grace import exceedance
 from grace.metrics import Metrics
+from grace.needs import Need
 from grace.schedule import RatioSchedule
 from grace.validation import ConfigError, NonFiniteError
 from gracecomm.compressors.dgc import DGC
@@ -390,7 +391,8 @@ def test_dgc_memory_clipping_and_state():
     mem = DGCMemory(momentum=0.0, clip_norm=5.0, clip_scope="tensor")
     assert float(mem.compensate(g, "a").norm()) <= 5.0 + 1e-5
     mem = DGCMemory(momentum=0.0, clip_norm=5.0)
-    assert mem.needs_local_norm and DGCMemory.replaces_optimizer_momentum
+    assert mem.needs() == {Need.OWNS_MOMENTUM, Need.GLOBAL_NORM}
+    assert DGCMemory(clip_norm=5.0, clip_scope="tensor").needs() == {Need.OWNS_MOMENTUM}
     with pytest.raises(ConfigError, match="set_local_norm"):
         mem.compensate(g, "a")
     mem.set_local_norm(60.0)  # the model's norm: every tensor gets the same factor 5/60
@@ -488,8 +490,7 @@ def test_trainer_moves_momentum_and_weight_decay_into_dgc_memory():
     from torch import nn
 
     import grace
-    from gracecomm.experiments.train import (exchange_gradients, exchange_mode, make_optimizer,
-                                   momentum_owner)
+    from gracecomm.experiments.train import make_optimizer
     from tests.helpers import compose_train
 
     cfg = compose_train("compressor=dgc", "memory.clip_norm=1e6", "trainer.weight_decay=0.1")
@@ -497,11 +498,11 @@ def test_trainer_moves_momentum_and_weight_decay_into_dgc_memory():
     model(torch.randn(5, 4)).sum().backward()
     pipe = grace.build({"name": "dgc", "ratio": 0.5, "sample_ratio": 1.0},
                        {"name": "dgc", "momentum": 0.0, "clip_norm": 1e6})
-    assert momentum_owner(pipe) is pipe.memory and exchange_mode(cfg, pipe) == "step"
-    opt = make_optimizer(cfg, model, momentum_owner(pipe) is not None)
+    opt, decay = make_optimizer(cfg, model, pipe)
     assert opt.param_groups[0]["momentum"] == 0 and opt.param_groups[0]["weight_decay"] == 0
+    assert decay == 0.1
     decayed = [p.grad + 0.1 * p.detach() for p in model.parameters()]
-    exchange_gradients(model, pipe, weight_decay=0.1)
+    grace.GradientExchange(pipe, model, opt, weight_decay=decay).step()
     norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in decayed])))
     assert pipe.memory.local_norm == pytest.approx(norm, rel=1e-6)
     for p, g in zip(model.parameters(), decayed):  # one rank: the sent half of g + wd w
@@ -532,8 +533,8 @@ def test_dgc_memory_with_dense_transmission_is_heavy_ball_momentum():
 
 def test_signum_runs_the_optimizer_without_momentum():
     import grace
-    from gracecomm.experiments.train import momentum_owner
 
     pipe = grace.build("signum")
-    assert momentum_owner(pipe) is pipe.compressor
-    assert momentum_owner(grace.build("signsgd")) is None
+    assert Need.OWNS_MOMENTUM in pipe.needs and pipe.needed_by(Need.OWNS_MOMENTUM) == \
+        pipe.compressor.label
+    assert Need.OWNS_MOMENTUM not in grace.build("signsgd").needs

@@ -1,0 +1,175 @@
+"""Exchanges as rounds of asynchronous collectives.
+
+A communicator describes one exchange (the payloads of a DDP bucket, or of one `step_many`)
+as a generator of *rounds*: each round launches collectives with ``async_op=True`` through a
+`Link` and yields them; the generator resumes once they have completed and finally returns
+the mean over ranks of every tensor. Dependent rounds (payload sizes before an allgather of
+payloads that vary in size, a parameter server's gather before its broadcast) are later
+rounds of the same generator.
+
+`Exchange` drives such a generator. Its first round is always launched by the caller, in the
+order the caller starts exchanges, which every rank shares (DDP hands buckets to the hook in
+bucket order). Then either
+
+- `Exchange.wait` runs the later rounds on the caller's thread (the synchronous path), or
+- `Exchange.submit` hands them to the communicator's `Continuations`: one worker thread that
+  runs the later rounds of every submitted exchange in submission order, on a second process
+  group. So the collectives of every process group are issued in the same order on every
+  rank, whatever the timing, and the caller (DDP's backward pass) goes on while payloads are
+  on the wire. ``future`` completes with the means, or with the error that ended the
+  exchange.
+
+Both paths run the same generator, so they give identical results.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from grace.network import bytes_key, calls_key, check_kind
+
+if TYPE_CHECKING:
+    from grace.communicator import Communicator
+
+class CommunicationError(RuntimeError):
+    """A collective of an exchange failed: a peer died, hung past the collective timeout or
+    closed its connection. The message names this rank, the communicator and the tensors."""
+
+
+Works = Sequence[Any]  # torch.distributed Work objects launched with async_op=True
+Rounds = Generator[Works, None, list[torch.Tensor]]
+
+
+class Link:
+    """The accounted collectives of one exchange, launched with ``async_op=True`` on the
+    process group of the exchange's current round. Each records
+    ``coll_<kind>_calls``/``coll_<kind>_bytes`` for the network cost model (`grace.network`,
+    which defines the message size of each kind) and returns its Work; outputs are valid
+    once the round has been waited for."""
+
+    def __init__(self, comm: Communicator, group: Any) -> None:
+        self.comm = comm
+        self.group = group
+
+    def _record(self, kind: str, nbytes: int) -> None:
+        self.comm.metrics.add(calls_key(check_kind(kind)), 1)
+        self.comm.metrics.add(bytes_key(kind), nbytes)
+
+    def all_reduce(self, tensor: torch.Tensor) -> Any:
+        """Sum `tensor` over ranks, in place."""
+        self._record("allreduce", tensor.numel() * tensor.element_size())
+        return dist.all_reduce(tensor, group=self.group, async_op=True)
+
+    def all_gather(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], Any]:
+        """Every rank's `tensor` (same shape on every rank), in rank order."""
+        world = self.comm.world_size
+        out = [torch.empty_like(tensor) for _ in range(world)]
+        self._record("allgather", world * tensor.numel() * tensor.element_size())
+        return out, dist.all_gather(out, tensor.contiguous(), group=self.group, async_op=True)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, kind: str = "broadcast") -> Any:
+        """Overwrite `tensor` with group rank `src`'s copy (`kind` ``ps_pull`` for a
+        parameter server's downlink, charged for the bytes every other rank receives)."""
+        nbytes = tensor.numel() * tensor.element_size()
+        self._record(kind, nbytes if kind == "broadcast" else (self.comm.world_size - 1) * nbytes)
+        return dist.broadcast(tensor, src=self.comm.global_rank(src), group=self.group,
+                              async_op=True)
+
+    def gather(self, tensor: torch.Tensor, dst: int) -> tuple[list[torch.Tensor] | None, Any]:
+        """Every rank's `tensor` on group rank `dst` (None elsewhere), counted as the bytes
+        the destination receives (``ps_push``)."""
+        world = self.comm.world_size
+        out = ([torch.empty_like(tensor) for _ in range(world)] if self.comm.rank == dst
+               else None)
+        self._record("ps_push", (world - 1) * tensor.numel() * tensor.element_size())
+        return out, dist.gather(tensor, out, dst=self.comm.global_rank(dst), group=self.group,
+                                async_op=True)
+
+
+class Exchange:
+    """One started exchange (see the module docstring) of the tensors `names`. `finish`
+    transforms the communicator's means before they are returned (e.g. re-inserting skipped
+    tensors)."""
+
+    def __init__(self, comm: Communicator, rounds: Rounds, link: Link, names: Sequence[str],
+                 finish: Callable[[list[torch.Tensor]], Any] | None = None) -> None:
+        self.comm = comm
+        self.names = names
+        self.rounds = rounds
+        self.link = link
+        self.finish = finish
+        self.future: torch.futures.Future[Any] = torch.futures.Future()
+        self.works: Works = ()
+        self.submitted = False
+        self.waited_until = 0.0  # perf_counter() when its last collective completed
+        self._advance()  # launch the first round on the caller's thread
+
+    def _advance(self) -> None:
+        try:
+            self.works = next(self.rounds)
+        except StopIteration as stop:
+            result = stop.value if self.finish is None else self.finish(stop.value)
+            self.future.set_result(result)
+
+    def _run(self, group: Any, key: str) -> None:
+        """Wait for each round (the time added to `key`), then launch the next on `group`,
+        until the generator returns; any error completes the future with it."""
+        try:
+            while not self.future.done():
+                try:
+                    self.comm.wait_for(self.works, key)
+                    self.waited_until = time.perf_counter()
+                except RuntimeError as err:
+                    shown = ", ".join(f"'{n}'" for n in self.names[:3])
+                    more = f" and {len(self.names) - 3} more" if len(self.names) > 3 else ""
+                    raise CommunicationError(
+                        f"{self.comm.label} on rank {self.comm.rank}: the exchange of tensors "
+                        f"{shown}{more} failed waiting for its peers, which died, hung or are "
+                        f"too slow: {err}") from err
+                self.link.group = group
+                self._advance()
+        except BaseException as err:  # noqa: BLE001 - handed to whoever waits on the future
+            if not self.future.done():
+                self.future.set_exception(err)
+
+    def submit(self) -> torch.futures.Future[Any]:
+        """Hand the later rounds to the communicator's `Continuations` (asynchronous);
+        returns `future`."""
+        if not self.future.done():
+            self.submitted = True
+            self.comm.continuations().put(self)
+        return self.future
+
+    def wait(self) -> Any:
+        """The result, running the later rounds on this thread unless they were submitted."""
+        if not self.submitted:
+            self._run(self.link.group, "comm_s")
+        return self.future.wait()
+
+
+class Continuations:
+    """One worker thread that runs the later rounds of submitted exchanges in submission
+    order, on its own process group (created here, collectively: every rank must construct
+    it at the same point)."""
+
+    def __init__(self, group: Any) -> None:
+        ranks = None if group is None else dist.get_process_group_ranks(group)
+        self.group = dist.new_group(ranks=ranks, backend=dist.get_backend(group))
+        self._queue: queue.SimpleQueue[Exchange] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="grace-exchange", daemon=True)
+        self._thread.start()
+
+    def put(self, exchange: Exchange) -> None:
+        self._queue.put(exchange)
+
+    def _serve(self) -> None:
+        while True:  # the training thread goes on meanwhile: not time it spent waiting
+            self._queue.get()._run(self.group, "comm_async_s")
+
