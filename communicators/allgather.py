@@ -22,14 +22,18 @@ def padded_payloads(comm: Communicator, link: Link, local: Sequence[torch.Tensor
                     device: torch.device
                     ) -> Generator[Works, None, tuple[torch.Tensor, list[list[int]], list[int]]]:
     """Exchange payload sizes (a round unless they are fixed), then serialise this rank's
-    payload tensors into one uint8 buffer padded to the largest rank's size (at least one
-    byte, so an all-empty step never issues a zero-size collective), counted as payload plus
-    padding. Returns the buffer, every rank's sizes and every rank's byte count."""
+    payload tensors, followed by its status (`Link.status`), into one uint8 buffer padded to
+    the largest rank's size (at least one byte, so an all-empty step never issues a zero-size
+    collective), counted as payload plus the rest. Returns the buffer, every rank's sizes and
+    every rank's payload bytes (`rank_payloads` reads a rank's status right after them)."""
     sizes = yield from comm.size_round(link, [t.numel() for t in local], device)
     nbytes = rank_nbytes(sizes, local)
-    width = max(1, max(nbytes))
+    status = link.status
+    width = max(1, max(nbytes) + len(status))
     buf = torch.zeros(width, dtype=torch.uint8, device=device)
-    buf[: nbytes[comm.rank]] = to_bytes(local, device)
+    own = nbytes[comm.rank]
+    buf[:own] = to_bytes(local, device)
+    buf[own:own + len(status)] = torch.tensor(status, dtype=torch.uint8)
     comm.count(payload_nbytes(local), width)
     return buf, sizes, nbytes
 
@@ -44,10 +48,13 @@ class Allgather(Communicator):
         own = [payload for payload, _, _ in items]
         if self.world_size == 1:
             self.count(payload_nbytes(local))
-            return self.aggregate_items(items, [own])
+            link.any_nonfinite = bool(link.nonfinite)
+            return [] if link.any_nonfinite else self.aggregate_items(items, [own])
         buf, sizes, nbytes = yield from padded_payloads(self, link, local, payload_device(items))
         gathered, work = link.all_gather(buf)
         yield (work,)
+        if self.any_nonfinite(link, gathered, nbytes):
+            return []
         per_rank = [own if r == self.rank else
                     self.rank_payloads(items, gathered[r][: nbytes[r]], sizes[r], r)
                     for r in range(self.world_size)]

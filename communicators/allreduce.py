@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from grace.communicator import Communicator, Item
+from grace.communicator import Communicator, Item, payload_device
 from grace.compressor import Compressor
 from grace.exchange import Link, Rounds
 from grace.registry import COMMUNICATORS
@@ -37,17 +37,24 @@ class Allreduce(Communicator):
         local = self.flatten(items)
         self.count(payload_nbytes(local))
         world = self.world_size
-        reduced = list(local)
+        status = [torch.tensor(link.status, dtype=torch.float32, device=payload_device(items))
+                  ] if link.status else []  # summed: positive if any rank's input was non-finite
+        tensors = [*local, *status]
+        self.metrics.add("sent_bytes", 4 * len(status))
+        reduced = list(tensors)
         if world > 1:
             flats = []
-            for dtype in dict.fromkeys(t.dtype for t in local):
-                where = [i for i, t in enumerate(local) if t.dtype == dtype]
-                flat = torch.cat([local[i].reshape(-1) for i in where])
+            for dtype in dict.fromkeys(t.dtype for t in tensors):
+                where = [i for i, t in enumerate(tensors) if t.dtype == dtype]
+                flat = torch.cat([tensors[i].reshape(-1) for i in where])
                 flats.append((where, flat.div_(world) if flat.is_floating_point() else flat))
             yield [link.all_reduce(flat) for _, flat in flats]
             for where, flat in flats:
-                for i, part in zip(where, flat.split([local[i].numel() for i in where])):
-                    reduced[i] = part.view(local[i].shape)
+                for i, part in zip(where, flat.split([tensors[i].numel() for i in where])):
+                    reduced[i] = part.view(tensors[i].shape)
+        if status and bool(reduced[-1] > 0):
+            link.any_nonfinite = True
+            return []
         assert self.compressor is not None, "communicator used before bind()"
         outs, pos = [], 0
         with self.metrics.timer("decompress_s"):

@@ -31,6 +31,9 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uin
           torch.int16, torch.int32, torch.int64, torch.bool)
 
 
+NONFINITE = 2  # the status the master broadcasts when a rank's input was non-finite
+
+
 class ServerError(RuntimeError):
     """The parameter server failed to aggregate a step; every rank raises this (the master
     raises the original error)."""
@@ -103,7 +106,9 @@ class ParameterServer(Communicator):
         meta = torch.zeros(0, dtype=torch.int64)
         buf = torch.zeros(0, dtype=torch.uint8)
         error: Exception | None = None
-        if master:
+        if master and link.any_nonfinite:
+            header[0] = NONFINITE
+        elif master:
             try:
                 means = self.aggregate_items(items, received)
                 meta, buf = pack([self.encode(mean, name) for mean, (_, _, name)
@@ -116,6 +121,9 @@ class ParameterServer(Communicator):
         header = header.to(device)
         yield self.pull(link, header)
         status, n_meta, n_buf = header.tolist()
+        if status == NONFINITE:
+            link.any_nonfinite = True
+            return []
         if not master:
             meta = torch.empty(n_meta, dtype=torch.int64)
             buf = torch.empty(n_buf, dtype=torch.uint8)
@@ -140,11 +148,13 @@ class ParameterServer(Communicator):
         own = [payload for payload, _, _ in items]
         if self.world_size == 1:
             self.count(payload_nbytes(local))
+            link.any_nonfinite = bool(link.nonfinite)
             return [own]
         buf, sizes, nbytes = yield from padded_payloads(self, link, local, device)
         bufs, work = link.gather(buf, self.master_rank)
         yield (work,)
-        if bufs is None:
+        if bufs is None or self.any_nonfinite(
+                link, [None if r == self.rank else b for r, b in enumerate(bufs)], nbytes):
             return None
         return [own if r == self.rank else
                 self.rank_payloads(items, bufs[r][: nbytes[r]], sizes[r], r)

@@ -146,10 +146,9 @@ class Signum(MajorityVote):
 
     def signal(self, x: torch.Tensor, name: str) -> torch.Tensor:
         m = self.momentums.get(name)
-        if m is None or m.shape != x.shape:
-            m = self.momentums[name] = x.clone()
-        else:
-            m.lerp_(x, 1.0 - self.momentum)  # beta m + (1 - beta) g, in place
+        # beta m + (1 - beta) g as a new tensor: a state snapshot stays valid
+        m = x.clone() if m is None or m.shape != x.shape else torch.lerp(m, x, 1.0 - self.momentum)
+        self.momentums[name] = m
         return m
 
     def state_dict(self) -> dict[str, Any]:

@@ -95,9 +95,10 @@ class Communicator(ABC):
         rounds = self.exchange(items, link) if items else nothing()
         return Exchange(self, rounds, link, [name for _, _, name in items], finish)
 
-    def link(self) -> Link:
-        """The accounted asynchronous collectives of one new exchange."""
-        return Link(self, self.group)
+    def link(self, nonfinite: bool | None = None) -> Link:
+        """The accounted asynchronous collectives of one new exchange (`nonfinite`: this
+        rank's status, where non-finite steps pass through; see `Link`)."""
+        return Link(self, self.group, nonfinite)
 
     def continuations(self) -> Continuations:
         """The worker that runs later rounds of submitted exchanges (created on first use;
@@ -206,6 +207,16 @@ class Communicator(ABC):
             out.append(tuple(tensors[pos:pos + len(payload)]))
             pos += len(payload)
         return out
+
+    @staticmethod
+    def any_nonfinite(link: Link, buffers: Sequence[torch.Tensor | None],
+                      nbytes: Sequence[int]) -> bool:
+        """Read every rank's status byte (right after its `nbytes` of payload; None: this
+        rank's own) into `link.any_nonfinite`."""
+        if link.status:
+            link.any_nonfinite = any(bool(link.nonfinite) if buf is None else bool(buf[n])
+                                     for buf, n in zip(buffers, nbytes))
+        return link.any_nonfinite
 
     def aggregate_items(self, items: Sequence[Item],
                         per_rank: Sequence[Sequence[Payload]]) -> list[torch.Tensor]:

@@ -84,11 +84,17 @@ class GradientExchange:
     (module docstring). `weight_decay` is added to the gradients before compression (needed
     where a part owns the momentum; `check_optimizer` refuses an optimizer that still
     applies its own). `asynchronous`: the hook returns before the bucket's exchange has
-    completed (the synchronous path waits; both give identical results)."""
+    completed (the synchronous path waits; both give identical results).
+
+    `scaler`: the `torch.amp.GradScaler` of a mixed-precision loop. Compression then sees
+    the gradients divided by its current scale and the means are multiplied back, so the
+    compression state (residuals, momentum, clipping thresholds) is in the gradients' own
+    units whatever the loss scale; build the pipeline with ``check_finite=False`` so the
+    scaler's overflow steps pass through (`Grace`)."""
 
     def __init__(self, grace: Grace, model: nn.Module,
                  optimizer: torch.optim.Optimizer | None = None, *, weight_decay: float = 0.0,
-                 asynchronous: bool = True) -> None:
+                 asynchronous: bool = True, scaler: torch.amp.GradScaler | None = None) -> None:
         if not isinstance(grace, Grace):
             raise ConfigError(f"the exchange needs a grace.Grace pipeline (grace.build(...)), "
                               f"got {type(grace).__name__}")
@@ -100,35 +106,54 @@ class GradientExchange:
         self.names = {id(p): n for n, p in self.parameters}
         self.order = {n: i for i, (n, _) in enumerate(self.parameters)}
         self.whole_step = bool(grace.needs & WHOLE_STEP)
+        self.scaler = scaler
+        self.scale = 1.0  # the scaler's scale during the current step
         self.tail = TailTimer(grace.metrics)
         self._waiting: list[tuple[list[str], list[torch.Tensor], list[torch.Tensor],
                                   dist.GradBucket, torch.futures.Future[torch.Tensor]]] = []
 
-    def decayed(self, names: Sequence[str], grads: Sequence[torch.Tensor],
-                params: Sequence[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-        """(name, gradient + weight_decay * parameter) for each tensor."""
+    def prepared(self, names: Sequence[str], grads: Sequence[torch.Tensor],
+                 params: Sequence[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+        """(name, gradient / scale + weight_decay * parameter) for each tensor."""
+        if self.scale != 1.0:
+            grads = [g / self.scale for g in grads]
         if not self.weight_decay:
             return list(zip(names, grads))
         return [(n, g.add(p.detach(), alpha=self.weight_decay))
                 for n, g, p in zip(names, grads, params)]
 
+    def begin_step(self) -> None:
+        self.scale = 1.0 if self.scaler is None else float(self.scaler.get_scale())
+
+    def write(self, grad: torch.Tensor, mean: torch.Tensor) -> None:
+        """Store `mean` (times the scale) as `grad`."""
+        if self.scale != 1.0:
+            torch.mul(mean.view_as(grad), self.scale, out=grad)
+        elif grad.data_ptr() != mean.data_ptr():
+            grad.copy_(mean.view_as(grad))
+
     def step(self) -> None:
         """A custom loop's exchange: after backward, replace every gradient by the mean over
         ranks (a parameter without a gradient contributes zeros). Every rank calls it."""
+        self.begin_step()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p)
                  for _, p in self.parameters]
         names = [n for n, _ in self.parameters]
         params = [p for _, p in self.parameters]
-        for p, mean in zip(params, self.grace.step_many(self.decayed(names, grads, params))):
-            p.grad = mean
+        for grad, mean in zip(grads, self.grace.step_many(self.prepared(names, grads, params))):
+            self.write(grad, mean)
+        for p, grad in zip(params, grads):
+            p.grad = grad
 
     # -- the DDP hook ---------------------------------------------------------------------
     def bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """The hook's work for one bucket: a future of the averaged bucket buffer."""
+        if bucket.index() == 0:  # DDP hands buckets over in index order
+            self.begin_step()
         params = bucket.parameters()
         grads = bucket.gradients()
         names = [self.names[id(p)] for p in params]
-        named = self.decayed(names, grads, params)
+        named = self.prepared(names, grads, params)
         if self.whole_step:
             future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
             self._waiting.append((names, grads, [t for _, t in named], bucket, future))
@@ -144,8 +169,9 @@ class GradientExchange:
             if last and exchange.submitted:
                 self.tail.mark("communicated", exchange.waited_until)
             for grad, mean in zip(grads, means):
-                if grad.data_ptr() != mean.data_ptr():
-                    grad.copy_(mean.view_as(grad))
+                self.write(grad, mean)
+            if last:  # exchanges complete in order: the step's last one ends it
+                self.grace.end_step()
             return buffer
 
         result = exchange.future.then(write_back)
@@ -171,7 +197,7 @@ class GradientExchange:
             raise
         for names, grads, _, bucket, future in waiting:
             for name, grad in zip(names, grads):
-                grad.copy_(means[name].view_as(grad))
+                self.write(grad, means[name])
             future.set_result(bucket.buffer())
 
 
@@ -184,15 +210,17 @@ def grace_hook(state: GradientExchange,
 
 def register_comm_hook(model: DistributedDataParallel, grace: Grace,
                        optimizer: torch.optim.Optimizer | None = None, *,
-                       weight_decay: float = 0.0, asynchronous: bool = True) -> GradientExchange:
+                       weight_decay: float = 0.0, asynchronous: bool = True,
+                       scaler: torch.amp.GradScaler | None = None) -> GradientExchange:
     """Make `model` exchange its gradients through `grace`; returns the hook's state. Pass
-    the optimizer where a part applies the momentum itself (it is checked), and the weight
-    decay to add before compression (`GradientExchange`)."""
+    the optimizer where a part applies the momentum itself (it is checked), the weight
+    decay to add before compression, and a mixed-precision loop's GradScaler
+    (`GradientExchange`)."""
     if not isinstance(model, DistributedDataParallel):
         raise TypeError(f"register_comm_hook needs a DistributedDataParallel model, got "
                         f"{type(model).__name__}; wrap it first, or use "
                         "GradientExchange(grace, model, optimizer).step() after backward")
     state = GradientExchange(grace, model.module, optimizer, weight_decay=weight_decay,
-                             asynchronous=asynchronous)
+                             asynchronous=asynchronous, scaler=scaler)
     model.register_comm_hook(state, grace_hook)
     return state

@@ -49,14 +49,24 @@ Rounds = Generator[Works, None, list[torch.Tensor]]
 
 class Link:
     """The accounted collectives of one exchange, launched with ``async_op=True`` on the
-    process group of the exchange's current round. Each records
+    process group of the exchange's current round, and the exchange's non-finite status
+    (`Grace`'s pass-through of non-finite steps: each rank's payload carries `status`, and
+    the communicator sets `any_nonfinite`). Each records
     ``coll_<kind>_calls``/``coll_<kind>_bytes`` for the network cost model (`grace.network`,
     which defines the message size of each kind) and returns its Work; outputs are valid
     once the round has been waited for."""
 
-    def __init__(self, comm: Communicator, group: Any) -> None:
+    def __init__(self, comm: Communicator, group: Any, nonfinite: bool | None = None) -> None:
         self.comm = comm
         self.group = group
+        self.nonfinite = nonfinite  # this rank's input was non-finite; None: not carried
+        self.any_nonfinite = False  # set by the communicator: some rank's was
+
+    @property
+    def status(self) -> list[int]:
+        """The status this rank sends with its payload (empty where the pipeline raises on
+        non-finite input instead of passing it through): 1 if its input was non-finite."""
+        return [] if self.nonfinite is None else [int(self.nonfinite)]
 
     def _record(self, kind: str, nbytes: int) -> None:
         self.comm.metrics.add(calls_key(check_kind(kind)), 1)

@@ -9,6 +9,7 @@ Use `build` to assemble one from names, dicts, Hydra configs or instances.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from grace.memory import Memory
 from grace.metrics import Metrics
 from grace.needs import Need
 from grace.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, Registry
-from grace.validation import ConfigError, check_tensor
+from grace.validation import ConfigError, check_tensor, is_finite
 
 MODEL_ITEM = "model"  # the name of the joint item of a model-level compressor
 
@@ -32,8 +33,14 @@ Named = Sequence[tuple[str, torch.Tensor]]
 class Grace:
     """One compressor, one memory and one communicator sharing one `Metrics`.
 
-    `check_finite` (default on) raises `NonFiniteError` naming the tensor when a gradient
-    holds NaN or Inf, instead of letting a compressor drop or spread it silently.
+    Non-finite gradients: with `check_finite` (the default) a gradient holding NaN or Inf
+    raises `NonFiniteError` naming the tensor, instead of letting a compressor drop or spread
+    it silently. Without it (runs with a `torch.amp.GradScaler`, which overflows on purpose)
+    a step where any rank's gradient is non-finite passes through: every rank receives NaN
+    for the tensors of that exchange, so the scaler skips the step on every rank, and the
+    compression state (residuals, momentum, PowerSGD's Q, SIDCo's stages, LGC's autoencoder,
+    random streams) is restored to what it was before the step, so the next finite step goes
+    on from there. A step is one `step_many` call, or one DDP step of the hook.
 
     `needs` is what the parts need from the exchange (`grace.needs`): `step_many` gives
     a memory that needs it the norm of the tensors of its call, and `GradientExchange` (the
@@ -50,8 +57,10 @@ class Grace:
         self.compressor = compressor
         self.memory = memory
         self.communicator = communicator
-        self.check_finite = check_finite
+        self.check_finite = bool(check_finite)
         self.metrics = Metrics()
+        self._before_step: dict[str, Any] | None = None  # the state to restore (pass-through)
+        self._nonfinite_step = False
         memory.check(compressor)
         communicator.bind(compressor, self.metrics)
         compressor.bind(communicator, self.metrics)
@@ -78,39 +87,58 @@ class Grace:
 
     def step_many(self, named: Named) -> list[torch.Tensor]:
         """`step` for several tensors, exchanged in as few collectives as the communicator
-        allows. Pass every gradient of a step in one call where the parts need the whole
-        model or the global norm (`needs`)."""
-        return self.start_many(named).wait()
+        allows; one step (see the class docstring). Pass every gradient of a step in one
+        call where the parts need the whole model or the global norm (`needs`)."""
+        means = self.start_many(named).wait()
+        self.end_step()
+        return means
 
     def start_many(self, named: Named) -> Exchange:
         """Compress `named` on this thread and launch their exchange: ``wait()`` returns the
-        means (in order, same shapes and dtypes) and ``submit(...)`` lets the later rounds
-        run on the communicator's worker while this thread goes on (`grace.exchange`)."""
+        means (in order, same shapes and dtypes) and ``submit()`` lets the later rounds run
+        on the communicator's worker while this thread goes on (`grace.exchange`). Part of
+        the current step until `end_step`."""
         metrics = self.metrics
+        finite = True
         for name, grad in named:
-            check_tensor(grad, name, finite=self.check_finite)
+            check_tensor(grad, name)
+            finite = finite and is_finite(grad, name, raise_error=self.check_finite)
             if grad.is_cuda:
                 metrics.sync_cuda = True
-            metrics.add("dense_bytes", grad.numel() * grad.element_size())
-            metrics.add("tensors", 1)
+        metrics.add("dense_bytes", sum(g.numel() * g.element_size() for _, g in named))
+        metrics.add("tensors", len(named))
+        if not self.check_finite and self._before_step is None:
+            self._before_step = snapshot(self.state_dict())
         if Need.GLOBAL_NORM in self.memory.needs():
             norms = torch.stack([torch.linalg.vector_norm(g.float()) for _, g in named])
             self.memory.set_local_norm(float(torch.linalg.vector_norm(norms)))
-        if self.compressor.model_level:
-            return self._start_model(named)
         live = [(name, grad) for name, grad in named if grad.numel()]
         with metrics.timer("memory_s"):
             compensated = [(name, self.memory.compensate(grad, name)) for name, grad in live]
+        if not finite:  # compressed as zeros; the step's state is restored at `end_step`
+            compensated = [(name, torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0))
+                           for name, t in compensated]
         if live:
             metrics.add("exchanges", 1)  # the dense-allreduce baseline of grace.network
+        link = self.communicator.link(None if self.check_finite else not finite)
+        if self.compressor.model_level:
+            rounds = self._model_rounds(compensated, link)
+        else:
+            rounds = self._rounds(compensated, link)
 
         def merge(means: list[torch.Tensor]) -> list[torch.Tensor]:
             received = iter(means)  # an empty tensor has the same shape on every rank
             return [next(received) if grad.numel() else grad.clone() for _, grad in named]
 
-        link = self.communicator.link()
-        return Exchange(self.communicator, self._rounds(compensated, link), link,
-                        [name for name, _ in live], merge)
+        return Exchange(self.communicator, rounds, link, [name for name, _ in live], merge)
+
+    def end_step(self) -> None:
+        """Close the step: where an exchange of it carried a non-finite gradient on any
+        rank, restore the compression state from before the step (class docstring)."""
+        if self._nonfinite_step:
+            self.load_state_dict(self._before_step)
+            self.metrics.add("nonfinite_steps", 1)
+        self._before_step, self._nonfinite_step = None, False
 
     def _rounds(self, compensated: Named, link: Link) -> Rounds:
         """Compression (with any rounds of its own), memory update and the communicator's
@@ -126,11 +154,34 @@ class Grace:
                 self.memory.update(tensor, name, self.compressor, payload, ctx)
                 items.append((payload, ctx, name))
         means = yield from self.communicator.exchange(items, link)
+        if link.any_nonfinite:
+            self._nonfinite_step = True
+            return [torch.full_like(t, math.nan) for _, t in compensated]
         if self.memory.wants_mean:
             with metrics.timer("memory_s"):
                 for (name, tensor), (_, ctx, _), mean in zip(compensated, items, means):
                     self.memory.update_mean(tensor, name, self.compressor, ctx, mean)
         return means
+
+    def _model_rounds(self, compensated: Named, link: Link) -> Rounds:
+        """`_rounds` for model-level compressors (`Compressor.compress_model`): compress
+        every tensor in one call, update the memory with each tensor's selection, and
+        exchange one joint payload whose mean is the concatenation of every tensor's mean
+        (flattened, in order)."""
+        if not compensated:
+            return []
+        metrics = self.metrics
+        selections, payload, ctx = self._timed_compress(self.compressor.compress_model,
+                                                        compensated)
+        with metrics.timer("memory_s"):
+            for (name, tensor), (sel_payload, sel_ctx) in zip(compensated, selections):
+                self.memory.update(tensor, name, self.compressor, sel_payload, sel_ctx)
+        means = yield from self.communicator.exchange([(payload, ctx, MODEL_ITEM)], link)
+        if link.any_nonfinite:
+            self._nonfinite_step = True
+            return [torch.full_like(t, math.nan) for _, t in compensated]
+        return [part.view_as(t) for part, (_, t) in
+                zip(means[0].split([t.numel() for _, t in compensated]), compensated)]
 
     def _timed(self, rounds: Generator[Works, None, Any], key: str
                ) -> Generator[Works, None, Any]:
@@ -145,31 +196,6 @@ class Grace:
                     break
             yield works
         return result
-
-    def _start_model(self, named: Named) -> Exchange:
-        """`start_many` for model-level compressors (`Compressor.compress_model`): compensate
-        every tensor, compress all of them in one call, update the memory with each tensor's
-        selection, and exchange one joint payload whose mean is the concatenation of every
-        tensor's mean (flattened, in order)."""
-        metrics = self.metrics
-        live = [(name, grad) for name, grad in named if grad.numel()]
-        if not live:
-            return self.communicator.start([], lambda _: [grad.clone() for _, grad in named])
-        with metrics.timer("memory_s"):
-            compensated = [(name, self.memory.compensate(grad, name)) for name, grad in live]
-        selections, payload, ctx = self._timed_compress(self.compressor.compress_model,
-                                                        compensated)
-        with metrics.timer("memory_s"):
-            for (name, tensor), (sel_payload, sel_ctx) in zip(compensated, selections):
-                self.memory.update(tensor, name, self.compressor, sel_payload, sel_ctx)
-        metrics.add("exchanges", 1)
-
-        def split(means: list[torch.Tensor]) -> list[torch.Tensor]:
-            parts = iter(means[0].split([grad.numel() for _, grad in live]))
-            return [next(parts).view_as(grad) if grad.numel() else grad.clone()
-                    for _, grad in named]
-
-        return self.communicator.start([(payload, ctx, MODEL_ITEM)], split)
 
     def _timed_compress(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Call a compression function, adding its time to ``compress_s`` except the time
@@ -195,6 +221,17 @@ class Grace:
         self.compressor.load_state_dict(state["compressor"])
         self.memory.load_state_dict(state["memory"])
         self.communicator.load_state_dict(state["communicator"])
+
+
+def snapshot(state: Any) -> Any:
+    """A copy of a nested state dict whose containers are new and whose tensors are the
+    parts' own: valid as long as the parts replace their state tensors instead of writing
+    into them, which every part does (tests/test_properties.py checks it)."""
+    if isinstance(state, Mapping):
+        return {key: snapshot(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(snapshot(value) for value in state)
+    return state
 
 
 Spec = str | Mapping[str, Any] | Compressor | Memory | Communicator | None

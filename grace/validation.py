@@ -72,20 +72,29 @@ def check_range(value: Any, owner: str, option: str, low: float | None = None,
     return int(value) if integer else value
 
 
-def check_tensor(tensor: Any, name: str, *, finite: bool = False) -> None:
-    """A gradient entering the pipeline must be a floating-point tensor; with `finite`,
-    it must hold no NaN or Inf."""
+def check_tensor(tensor: Any, name: str) -> None:
+    """A gradient entering the pipeline must be a floating-point tensor."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor '{name}': expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in FLOAT_DTYPES:
         raise TypeError(f"tensor '{name}' has dtype {tensor.dtype}; gradients must be one of "
                         f"{', '.join(str(d) for d in FLOAT_DTYPES)}")
-    if finite and tensor.numel() and not bool(torch.isfinite(tensor).all()):
-        n_nan = int(torch.isnan(tensor).sum())
-        n_inf = int(torch.isinf(tensor).sum())
-        raise NonFiniteError(f"tensor '{name}' holds {n_nan} NaN and {n_inf} Inf values out of "
-                             f"{tensor.numel()}; compressing it would corrupt the aggregate "
-                             "(set check_finite=False to pass such tensors through)")
+
+
+def is_finite(tensor: torch.Tensor, name: str, *, raise_error: bool = False) -> bool:
+    """Whether `tensor` holds no NaN or Inf; with `raise_error`, raise `NonFiniteError`
+    naming it instead of returning False (the pipeline's ``check_finite``)."""
+    if not tensor.numel() or bool(torch.isfinite(tensor).all()):
+        return True
+    if not raise_error:
+        return False
+    n_nan = int(torch.isnan(tensor).sum())
+    n_inf = int(torch.isinf(tensor).sum())
+    raise NonFiniteError(f"tensor '{name}' holds {n_nan} NaN and {n_inf} Inf values out of "
+                         f"{tensor.numel()}; compressing it would corrupt the aggregate. With a "
+                         "torch.amp.GradScaler, whose overflows are deliberate, set "
+                         "check_finite=False: such a step then reaches every rank as NaN, so "
+                         "the scaler skips it, and leaves the compression state as it was")
 
 
 def expect_payload(tensor: torch.Tensor, numel: int, dtype: torch.dtype, what: str) -> None:

@@ -76,12 +76,10 @@ class DGCMemory(Memory):
         u, v = self.u.get(name), self.v.get(name)
         if u is None or v is None or u.shape != g.shape:
             u, v = torch.zeros_like(g), torch.zeros_like(g)
-            self.u[name], self.v[name] = u, v
-        u.mul_(self.momentum).add_(g)
-        if self.nesterov:
-            v.add_(g).add_(u, alpha=self.momentum)
-        else:
-            v.add_(u)
+        # new tensors, not in place: a state snapshot taken before the step stays valid
+        u = torch.add(g, u, alpha=self.momentum)
+        v = v + g + self.momentum * u if self.nesterov else v + u
+        self.u[name], self.v[name] = u, v
         return v
 
     def update(self, tensor: torch.Tensor, name: str, compressor: Compressor,

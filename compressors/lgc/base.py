@@ -15,6 +15,7 @@ feedback keeps what top-k dropped; the autoencoder's reconstruction error is not
 
 from __future__ import annotations
 
+import copy
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -322,10 +323,10 @@ class LGC(Compressor):
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"step": self.step, "synced": self.synced,
                                  "ae_skipped": self.ae_skipped}
-        if self.encoder is not None:
-            state["encoder"] = dict(self.encoder.state_dict())
-            state["decoders"] = [dict(d.state_dict()) for d in self.decoders]
-            state["optimizer"] = self.optimizer.state_dict()
+        if self.encoder is not None:  # copies: the autoencoder trains in place
+            state["encoder"] = copy.deepcopy(self.encoder.state_dict())
+            state["decoders"] = [copy.deepcopy(d.state_dict()) for d in self.decoders]
+            state["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
