@@ -10,30 +10,26 @@ import torch
 from grace.communicator import Communicator, Item, payload_device
 from grace.exchange import Link, Rounds, Works
 from grace.registry import COMMUNICATORS
-from grace.wire import payload_nbytes, to_bytes
+from grace.wire import payload_nbytes
 
 
-def rank_nbytes(sizes: Sequence[Sequence[int]], local: Sequence[torch.Tensor]) -> list[int]:
-    """Bytes of each rank's serialised payloads, from the exchanged element counts."""
-    return [sum(n * t.element_size() for n, t in zip(rank_sizes, local)) for rank_sizes in sizes]
 
 
-def padded_payloads(comm: Communicator, link: Link, local: Sequence[torch.Tensor],
+def padded_payloads(comm: Communicator, link: Link, items: Sequence[Item],
                     device: torch.device
                     ) -> Generator[Works, None, tuple[torch.Tensor, list[list[int]], list[int]]]:
-    """Exchange payload sizes (a round unless they are fixed), then serialise this rank's
-    payload tensors, followed by its status (`Link.status`), into one uint8 buffer padded to
-    the largest rank's size (at least one byte, so an all-empty step never issues a zero-size
-    collective), counted as payload plus the rest. Returns the buffer, every rank's sizes and
-    every rank's payload bytes (`rank_payloads` reads a rank's status right after them)."""
-    sizes = yield from comm.size_round(link, [t.numel() for t in local], device)
-    nbytes = rank_nbytes(sizes, local)
-    status = link.status
-    width = max(1, max(nbytes) + len(status))
+    """Exchange payload sizes (`Communicator.size_round`), then serialise this rank's
+    payload tensors and trailer into one uint8 buffer padded to the largest rank's (at
+    least one byte, so an all-empty step never issues a zero-size collective), counted as
+    payload plus the rest. Returns the buffer, every rank's sizes and every rank's payload
+    bytes (its trailer follows them)."""
+    local = comm.flatten(items)
+    sizes = yield from comm.size_round(link, items, device)
+    nbytes = [sum(rank_sizes) for rank_sizes in sizes]
+    width = max(1, max(nbytes) + comm.trailer_nbytes(link))
     buf = torch.zeros(width, dtype=torch.uint8, device=device)
-    own = nbytes[comm.rank]
-    buf[:own] = to_bytes(local, device)
-    buf[own:own + len(status)] = torch.tensor(status, dtype=torch.uint8)
+    own = comm.serialise(link, local, device)
+    buf[:own.numel()] = own
     comm.count(payload_nbytes(local), width)
     return buf, sizes, nbytes
 
@@ -50,10 +46,11 @@ class Allgather(Communicator):
             self.count(payload_nbytes(local))
             link.any_nonfinite = bool(link.nonfinite)
             return [] if link.any_nonfinite else self.aggregate_items(items, [own])
-        buf, sizes, nbytes = yield from padded_payloads(self, link, local, payload_device(items))
+        buf, sizes, nbytes = yield from padded_payloads(self, link, items, payload_device(items))
         gathered, work = link.all_gather(buf)
         yield (work,)
-        if self.any_nonfinite(link, gathered, nbytes):
+        if self.read_trailers(link, [None if r == self.rank else g for r, g in
+                                     enumerate(gathered)], nbytes):
             return []
         per_rank = [own if r == self.rank else
                     self.rank_payloads(items, gathered[r][: nbytes[r]], sizes[r], r)

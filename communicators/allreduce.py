@@ -4,6 +4,7 @@ Only valid for `summable` compressors (dense, fp16, shared-seed Random-k, PowerS
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -11,7 +12,7 @@ from grace.communicator import Communicator, Item, payload_device
 from grace.compressor import Compressor
 from grace.exchange import Link, Rounds
 from grace.registry import COMMUNICATORS
-from grace.validation import IncompatibleError
+from grace.validation import ConfigError, IncompatibleError
 from grace.wire import payload_nbytes
 
 
@@ -23,6 +24,13 @@ class Allreduce(Communicator):
     and PyTorch's fp16 hook do, so that fp16 sums do not overflow): `decompress` receives
     the mean payload, which for the linear decompression that `summable` promises is the
     mean tensor. Integer payloads are summed, and the decompressed sum divided."""
+
+    def __init__(self, group: Any = None, checksum: bool = False) -> None:
+        super().__init__(group)
+        if checksum:
+            raise ConfigError(f"{self.label}: option 'checksum' is true, but allreduce sums the "
+                              "payloads on the way, so no rank can check another's; use "
+                              "communicator=allgather or broadcast for checksummed payloads")
 
     def check(self, compressor: Compressor) -> None:
         super().check(compressor)
@@ -42,7 +50,8 @@ class Allreduce(Communicator):
         tensors = [*local, *status]
         self.metrics.add("sent_bytes", 4 * len(status))
         reduced = list(tensors)
-        if world > 1:
+        if world > 1:  # every rank's sizes must match before they are summed
+            yield from self.size_round(link, items, payload_device(items))
             flats = []
             for dtype in dict.fromkeys(t.dtype for t in tensors):
                 where = [i for i, t in enumerate(tensors) if t.dtype == dtype]

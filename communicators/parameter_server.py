@@ -17,18 +17,15 @@ from typing import Any
 
 import torch
 
-from grace.communicator import Communicator, Item, payload_device
+from grace.communicator import Communicator, Item, crc32, payload_device
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.exchange import Link, Rounds, Works
 from grace.pipeline import make_part
 from grace.registry import COMMUNICATORS, COMPRESSORS
-from grace.validation import ConfigError, IncompatibleError, check_range
-from grace.wire import payload_nbytes, to_bytes
+from grace.validation import ConfigError, IncompatibleError, PayloadError, check_range
+from grace.wire import DTYPES, payload_nbytes, to_bytes
 from gracecomm.communicators.allgather import padded_payloads
 
-# dtype codes of the downlink's self-describing header
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8, torch.int8,
-          torch.int16, torch.int32, torch.int64, torch.bool)
 
 
 NONFINITE = 2  # the status the master broadcasts when a rank's input was non-finite
@@ -81,8 +78,9 @@ class ParameterServer(Communicator):
     averaged tensor before the broadcast (e.g. ``fp16``, ``topk``, ``natural``); its ctx must
     be the plain `TensorInfo` of the tensor, since workers decompress without it."""
 
-    def __init__(self, master_rank: int = 0, downlink: Any = None, group: Any = None) -> None:
-        super().__init__(group)
+    def __init__(self, master_rank: int = 0, downlink: Any = None, group: Any = None,
+                 checksum: bool = False) -> None:
+        super().__init__(group, checksum)
         self.master_rank = check_range(master_rank, self.label, "master_rank", 0, integer=True)
         try:  # null (dense), a registry name, a mapping with name or _target_, or an instance
             self.downlink = (None if downlink is None
@@ -102,7 +100,7 @@ class ParameterServer(Communicator):
         device = payload_device(items)
         master = self.rank == self.master_rank
         received = yield from self.push(items, link, device)
-        header = torch.zeros(3, dtype=torch.int64)  # status, header length, buffer bytes
+        header = torch.zeros(4, dtype=torch.int64)  # status, header length, buffer bytes, CRC
         meta = torch.zeros(0, dtype=torch.int64)
         buf = torch.zeros(0, dtype=torch.uint8)
         error: Exception | None = None
@@ -117,14 +115,16 @@ class ParameterServer(Communicator):
                 error = err
                 buf = torch.tensor(list(f"{type(err).__name__}: {err}".encode()),
                                    dtype=torch.uint8)
-            header[:] = torch.tensor([int(error is not None), meta.numel(), buf.numel()])
+            header[:] = torch.tensor([int(error is not None), meta.numel(), buf.numel(),
+                                      crc32(buf) if self.checksum else 0])
         header = header.to(device)
         yield self.pull(link, header)
-        status, n_meta, n_buf = header.tolist()
+        status, n_meta, n_buf, crc = header.tolist()
         if status == NONFINITE:
             link.any_nonfinite = True
             return []
         if not master:
+            self.check_downlink(link, n_meta, n_buf)
             meta = torch.empty(n_meta, dtype=torch.int64)
             buf = torch.empty(n_buf, dtype=torch.uint8)
         meta, buf = meta.to(device), buf.to(device)
@@ -134,10 +134,26 @@ class ParameterServer(Communicator):
         if status:
             raise ServerError(f"{self.label}: the master (rank {self.master_rank}) failed to "
                               f"aggregate: {bytes(buf.cpu().tolist()).decode(errors='replace')}")
-        results = unpack(meta.cpu(), buf)
+        if self.checksum and crc32(buf) != crc:
+            raise PayloadError(f"{self.label}: the aggregate from the master (rank "
+                               f"{self.master_rank}) fails its CRC-32 checksum: it was "
+                               "corrupted on the way")
+        try:
+            results = unpack(meta.cpu(), buf)
+        except (IndexError, StopIteration, RuntimeError, ValueError) as err:
+            raise PayloadError(f"{self.label}: the aggregate from the master (rank "
+                               f"{self.master_rank}) is malformed: {err}") from None
         self.metrics.add("downlink_bytes", sum(payload_nbytes(p) for _, p in results))
         with self.metrics.timer("decompress_s"):
             return [self.decode(info, payload) for info, payload in results]
+
+    def check_downlink(self, link: Link, n_meta: int, n_buf: int) -> None:
+        """Bound what the master announces before allocating it (`Link.max_nbytes`)."""
+        limit = link.max_nbytes
+        if min(n_meta, n_buf) < 0 or (limit is not None and max(8 * n_meta, n_buf) > limit):
+            raise PayloadError(f"{self.label}: the master (rank {self.master_rank}) announced a "
+                               f"{n_meta}-word header and {n_buf} bytes; allowed: none negative "
+                               f"and at most {limit} bytes")
 
     # -- uplink -------------------------------------------------------------------------------
     def push(self, items: Sequence[Item], link: Link, device: torch.device
@@ -150,10 +166,10 @@ class ParameterServer(Communicator):
             self.count(payload_nbytes(local))
             link.any_nonfinite = bool(link.nonfinite)
             return [own]
-        buf, sizes, nbytes = yield from padded_payloads(self, link, local, device)
+        buf, sizes, nbytes = yield from padded_payloads(self, link, items, device)
         bufs, work = link.gather(buf, self.master_rank)
         yield (work,)
-        if bufs is None or self.any_nonfinite(
+        if bufs is None or self.read_trailers(
                 link, [None if r == self.rank else b for r, b in enumerate(bufs)], nbytes):
             return None
         return [own if r == self.rank else

@@ -11,7 +11,10 @@ from grace.sparse import Sparsifier
 
 @COMPRESSORS.register("topk")
 class TopK(Sparsifier):
-    """Exact per-tensor Top-k; k_hat = k always. Pair with residual memory."""
+    """Exact per-tensor Top-k; k_hat = k always, so its payload sizes are fixed by the
+    shape (no size exchange). Pair with residual memory."""
+
+    fixed_size = True
 
     def __init__(self, ratio: float = 0.01) -> None:
         super().__init__(ratio)

@@ -16,6 +16,7 @@ pipeline also runs in a single process (tests, benchmarks, notebooks).
 
 from __future__ import annotations
 
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, ClassVar
@@ -26,8 +27,8 @@ import torch.distributed as dist
 from grace.compressor import Compressor, Payload
 from grace.exchange import Continuations, Exchange, Link, Rounds, Works
 from grace.metrics import Metrics
-from grace.validation import IncompatibleError, PayloadError
-from grace.wire import from_bytes, payload_nbytes
+from grace.validation import IncompatibleError, PayloadError, check_choice
+from grace.wire import DTYPES, dtype_code, from_bytes, payload_nbytes, to_bytes
 
 Item = tuple[Payload, Any, str]  # (payload, ctx, tensor name)
 
@@ -37,11 +38,13 @@ class Communicator(ABC):
 
     registry_name: ClassVar[str] = ""
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: Any = None, checksum: bool = False) -> None:
         self.group = group
+        self.checksum = check_choice(checksum, (False, True), self.label, "checksum")
         self.compressor: Compressor | None = None
         self.metrics = Metrics()
         self._continuations: Continuations | None = None
+        self._agreed: dict[tuple[str, ...], list[int]] = {}  # fixed payload sizes, per tensors
 
     @property
     def label(self) -> str:
@@ -168,24 +171,98 @@ class Communicator(ABC):
         return tensor
 
     def gather_sizes(self, numels: Sequence[int], device: torch.device) -> list[list[int]]:
-        """`size_round`, run on this thread."""
-        return self.run_now(self.size_round(Link(self, self.group), numels, device))
+        """Every rank's `numels` (one small allgather on this thread; counted as sent)."""
+        if self.world_size == 1:
+            return [list(numels)]
+        return self.run_now(self._gather_ints(Link(self, self.group), numels, device))
 
-    def size_round(self, link: Link, numels: Sequence[int], device: torch.device
-                   ) -> Generator[Works, None, list[list[int]]]:
-        """Exchange the element counts of every rank's payload tensors (one small allgather;
-        no round when the compressor's payload sizes are fixed). Returns every rank's."""
-        if self.world_size == 1 or (self.compressor is not None and self.compressor.fixed_size):
-            return [list(numels)] * self.world_size
+    def _gather_ints(self, link: Link, numels: Sequence[int], device: torch.device
+                     ) -> Generator[Works, None, list[list[int]]]:
         local = torch.tensor(list(numels), dtype=torch.int64, device=device)
         self.metrics.add("sent_bytes", local.numel() * 8)
         out, work = link.all_gather(local)
         yield (work,)
-        sizes = [o.tolist() for o in out]
-        for owner, rank_sizes in enumerate(sizes):
-            if min(rank_sizes, default=0) < 0:
-                raise PayloadError(f"rank {owner} announced a negative payload size: {rank_sizes}")
-        return sizes
+        return [o.tolist() for o in out]
+
+    def size_round(self, link: Link, items: Sequence[Item], device: torch.device
+                   ) -> Generator[Works, None, list[list[int]]]:
+        """Every rank's byte count of each payload tensor of `items`, exchanged in one small
+        allgather and checked before anything is allocated for them (none negative, no
+        rank's total beyond `Link.max_nbytes`). For a compressor whose payload sizes are
+        fixed by the shapes (``fixed_size``) they are exchanged once per set of tensors, to
+        agree on them, and from then on only this rank's payload (sizes and dtypes) is
+        checked against the agreed layout, with no round, before it goes on the wire: a
+        collective whose sizes differ between ranks would abort the process."""
+        local = self.flatten(items)
+        sizes = [t.numel() * t.element_size() for t in local]
+        if self.world_size == 1:
+            return [sizes]
+        fixed = self.compressor is not None and self.compressor.fixed_size
+        key = tuple(name for _, _, name in items)
+        layout = [(t.numel(), t.dtype) for t in local]
+        if fixed and key in self._agreed:
+            if layout != self._agreed[key]:
+                raise PayloadError(f"{self.compressor.label} on rank {self.rank} produced "
+                                   f"payload tensors {layout} for tensors {list(key)[:3]}, but "
+                                   f"its payloads are fixed by the shapes: {self._agreed[key]}")
+            return [sizes] * self.world_size
+        codes = [dtype_code(t.dtype) for t in local]
+        every = yield from self._gather_ints(link, sizes + codes, device)
+        for owner, announced in enumerate(every):
+            rank_sizes, rank_codes = announced[:len(sizes)], announced[len(sizes):]
+            every[owner] = rank_sizes
+            if rank_codes != codes:
+                raise PayloadError(
+                    f"rank {owner} announced payload dtypes "
+                    f"{[DTYPES[c] if 0 <= c < len(DTYPES) else c for c in rank_codes]} for "
+                    f"tensors {list(key)[:3]}; this rank's are {[t.dtype for t in local]}")
+            if min(rank_sizes, default=0) < 0 or (link.max_nbytes is not None
+                                                  and sum(rank_sizes) > link.max_nbytes):
+                raise PayloadError(
+                    f"rank {owner} announced payload sizes {rank_sizes} bytes for tensors "
+                    f"{list(key)[:3]}; allowed: none negative and at most {link.max_nbytes} "
+                    "bytes in all (4x the dense tensors plus 64 KiB)")
+            if fixed and rank_sizes != sizes:
+                raise PayloadError(f"rank {owner} announced payload sizes {rank_sizes} bytes "
+                                   f"for tensors {list(key)[:3]}, but {self.compressor.label}'s "
+                                   f"are fixed by the shapes and this rank's are {sizes}")
+        if fixed:
+            self._agreed[key] = layout
+        return every
+
+    # -- the bytes each rank appends to a serialised payload -------------------------------
+    def trailer_nbytes(self, link: Link) -> int:
+        """Its status (`Link.status`) and, with ``checksum``, a CRC-32 of its payload bytes."""
+        return len(link.status) + 4 * self.checksum
+
+    def serialise(self, link: Link, local: Sequence[torch.Tensor],
+                  device: torch.device) -> torch.Tensor:
+        """This rank's payload tensors as bytes, followed by its trailer."""
+        payload = to_bytes(local, device)
+        trailer = list(link.status)
+        if self.checksum:
+            with self.metrics.timer("checksum_s"):
+                trailer += list(crc32(payload).to_bytes(4, "little"))
+        return torch.cat([payload, torch.tensor(trailer, dtype=torch.uint8, device=device)])
+
+    def read_trailers(self, link: Link, buffers: Sequence[torch.Tensor | None],
+                      nbytes: Sequence[int]) -> bool:
+        """Check every peer's checksum (`PayloadError` naming the rank) and read every
+        rank's status (None: this rank's own buffer) into `link.any_nonfinite`."""
+        for owner, (buf, n) in enumerate(zip(buffers, nbytes)):
+            if buf is None:
+                continue
+            if self.checksum:
+                with self.metrics.timer("checksum_s"):
+                    sent = int.from_bytes(bytes(buf[n + len(link.status):][:4].tolist()),
+                                          "little")
+                    if crc32(buf[:n]) != sent:
+                        raise PayloadError(f"{self.label}: the payload from rank {owner} fails "
+                                           f"its CRC-32 checksum: it was corrupted on the way")
+            if link.status and buf[n]:
+                link.any_nonfinite = True
+        link.any_nonfinite = link.any_nonfinite or bool(link.nonfinite)
+        return link.any_nonfinite
 
     # -- helpers for communicators that move serialised payloads --------------------------
     @staticmethod
@@ -193,13 +270,18 @@ class Communicator(ABC):
         return [t for payload, _, _ in items for t in payload]
 
     @staticmethod
-    def rank_payloads(items: Sequence[Item], buf: torch.Tensor, numels: Sequence[int],
+    def rank_payloads(items: Sequence[Item], buf: torch.Tensor, sizes: Sequence[int],
                       owner: int) -> list[Payload]:
-        """Parse one rank's serialised payloads, using the local payloads as templates for
-        dtypes and the number of tensors per payload."""
+        """Parse one rank's serialised payloads from the byte count of each tensor, using
+        the local payloads as templates for dtypes and the number of tensors per payload."""
         local = Communicator.flatten(items)
         try:
-            tensors = from_bytes(buf, numels, local)
+            for size, ref in zip(sizes, local):
+                if size % ref.element_size():
+                    raise PayloadError(f"a payload tensor of {size} bytes is not a whole "
+                                       f"number of {ref.dtype} elements")
+            tensors = from_bytes(buf, [n // t.element_size() for n, t in zip(sizes, local)],
+                                 local)
         except PayloadError as err:
             raise PayloadError(f"payload from rank {owner}: {err}") from None
         out, pos = [], 0
@@ -207,16 +289,6 @@ class Communicator(ABC):
             out.append(tuple(tensors[pos:pos + len(payload)]))
             pos += len(payload)
         return out
-
-    @staticmethod
-    def any_nonfinite(link: Link, buffers: Sequence[torch.Tensor | None],
-                      nbytes: Sequence[int]) -> bool:
-        """Read every rank's status byte (right after its `nbytes` of payload; None: this
-        rank's own) into `link.any_nonfinite`."""
-        if link.status:
-            link.any_nonfinite = any(bool(link.nonfinite) if buf is None else bool(buf[n])
-                                     for buf, n in zip(buffers, nbytes))
-        return link.any_nonfinite
 
     def aggregate_items(self, items: Sequence[Item],
                         per_rank: Sequence[Sequence[Payload]]) -> list[torch.Tensor]:
@@ -231,6 +303,11 @@ class Communicator(ABC):
                 except PayloadError as err:
                     raise PayloadError(f"tensor '{name}': {err}") from None
         return outs
+
+
+def crc32(data: torch.Tensor) -> int:
+    """CRC-32 (zlib's) of a uint8 tensor's bytes."""
+    return zlib.crc32(data.cpu().numpy().tobytes())
 
 
 def nothing() -> Rounds:

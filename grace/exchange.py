@@ -61,6 +61,7 @@ class Link:
         self.group = group
         self.nonfinite = nonfinite  # this rank's input was non-finite; None: not carried
         self.any_nonfinite = False  # set by the communicator: some rank's was
+        self.max_nbytes: int | None = None  # the most payload bytes a rank may announce
 
     @property
     def status(self) -> list[int]:

@@ -23,7 +23,7 @@ from grace.memory import Memory
 from grace.metrics import Metrics
 from grace.needs import Need
 from grace.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, Registry
-from grace.validation import ConfigError, check_tensor, is_finite
+from grace.validation import ConfigError, NonFiniteError, check_tensor, is_finite
 
 MODEL_ITEM = "model"  # the name of the joint item of a model-level compressor
 
@@ -99,28 +99,29 @@ class Grace:
         on the communicator's worker while this thread goes on (`grace.exchange`). Part of
         the current step until `end_step`."""
         metrics = self.metrics
-        finite = True
         for name, grad in named:
             check_tensor(grad, name)
-            finite = finite and is_finite(grad, name, raise_error=self.check_finite)
             if grad.is_cuda:
                 metrics.sync_cuda = True
-        metrics.add("dense_bytes", sum(g.numel() * g.element_size() for _, g in named))
+        dense = sum(g.numel() * g.element_size() for _, g in named)
+        metrics.add("dense_bytes", dense)
         metrics.add("tensors", len(named))
         if not self.check_finite and self._before_step is None:
             self._before_step = snapshot(self.state_dict())
         if Need.GLOBAL_NORM in self.memory.needs():
             norms = torch.stack([torch.linalg.vector_norm(g.float()) for _, g in named])
             self.memory.set_local_norm(float(torch.linalg.vector_norm(norms)))
-        live = [(name, grad) for name, grad in named if grad.numel()]
+        live = [(name, grad.contiguous()) for name, grad in named if grad.numel()]
         with metrics.timer("memory_s"):
             compensated = [(name, self.memory.compensate(grad, name)) for name, grad in live]
+        finite = self.finite(live, compensated)
         if not finite:  # compressed as zeros; the step's state is restored at `end_step`
             compensated = [(name, torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0))
                            for name, t in compensated]
         if live:
             metrics.add("exchanges", 1)  # the dense-allreduce baseline of grace.network
         link = self.communicator.link(None if self.check_finite else not finite)
+        link.max_nbytes = 4 * dense + 65536  # no peer's payload may announce more
         if self.compressor.model_level:
             rounds = self._model_rounds(compensated, link)
         else:
@@ -131,6 +132,22 @@ class Grace:
             return [next(received) if grad.numel() else grad.clone() for _, grad in named]
 
         return Exchange(self.communicator, rounds, link, [name for name, _ in live], merge)
+
+    def finite(self, grads: Named, compensated: Named) -> bool:
+        """Whether every tensor to compress is finite (one read each); with `check_finite`,
+        raise `NonFiniteError` naming the first that is not, and whether the gradient or
+        the error feedback added to it was non-finite."""
+        for (name, grad), (_, tensor) in zip(grads, compensated):
+            if is_finite(tensor, name):
+                continue
+            if not self.check_finite:
+                return False
+            is_finite(grad, name, raise_error=True)
+            raise NonFiniteError(
+                f"tensor '{name}': adding {self.memory.label}'s error feedback to its finite "
+                "gradient overflowed (values beyond the dtype's range); scale the loss or the "
+                "gradients down")
+        return True
 
     def end_step(self) -> None:
         """Close the step: where an exchange of it carried a non-finite gradient on any

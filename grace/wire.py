@@ -154,6 +154,16 @@ def bits_for(count: int) -> int:
 # Payload byte layout, used by communicators that move several tensors in one collective.
 # ---------------------------------------------------------------------------------------
 
+# dtype codes of self-describing layouts (announced payload dtypes, the parameter server's
+# downlink header)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8, torch.int8,
+          torch.int16, torch.int32, torch.int64, torch.bool)
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    return DTYPES.index(dtype)
+
+
 def payload_nbytes(payload: Sequence[torch.Tensor]) -> int:
     """Bytes on the wire of a payload: sum of numel * element_size over its tensors."""
     return sum(t.numel() * t.element_size() for t in payload)
