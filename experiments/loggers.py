@@ -30,7 +30,6 @@ class JsonlLogger:
         self.path = self.run_dir / "metrics.jsonl"
         self._file = self.path.open("w" if resume is None else "a", encoding="utf-8")
         self.group = group
-        self.metric, self.higher_is_better = metric, higher_is_better
         self.write({"type": "config", "config": run_config, "group": group, "metric": metric,
                     "higher_is_better": higher_is_better})
 
@@ -94,6 +93,15 @@ def sweep_group(hydra: DictConfig) -> str:
     ``sidco_2026-11-22_00-08-05``."""
     name = hydra.runtime.choices.get("experiment") or hydra.job.name
     return "_".join([str(name), *Path(str(hydra.sweep.dir)).parts[-2:]])
+
+
+def logged_group(root: Path) -> str | None:
+    """The group the runs under `root` logged with (the config record of the first
+    ``metrics.jsonl``), so a report written later joins its sweep's W&B group."""
+    for path in sorted(Path(root).rglob("metrics.jsonl")):
+        with path.open(encoding="utf-8") as f:
+            return json.loads(f.readline() or "{}").get("group")
+    return None
 
 
 def run_parts(choices: Mapping[str, Any]) -> dict[str, str]:

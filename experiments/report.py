@@ -32,7 +32,8 @@ from hydra.experimental.callback import Callback
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from gracecomm.experiments.loggers import WandbLogger, import_wandb, sweep_group, wandb_mode
+from gracecomm.experiments.loggers import (WandbLogger, import_wandb, logged_group, sweep_group,
+                                           wandb_mode)
 from gracecomm.experiments.train import CONFIG_DIR, format_bytes
 
 # method.*: what a configs/method preset hands to the experiment (it also sets the trainer
@@ -487,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     report = write_report(args.source, args.out, plots=not args.no_plots)
     if args.wandb:
         log_to_wandb(report, args.wandb_project, args.wandb_entity, args.wandb_mode,
-                     group=args.source.resolve().name)
+                     group=logged_group(args.source) or args.source.resolve().name)
     print(report.markdown.read_text(encoding="utf-8"))
     print(f"written: {report.markdown}, {report.csv}"
           + "".join(f", {p}" for p in report.plots))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gracecomm.experiments.loggers import run_name, run_parts, sweep_group
+from gracecomm.experiments.loggers import (JsonlLogger, logged_group, run_name, run_parts,
+                                           sweep_group)
 from tests.test_train import train
 
 CHOICES = {"logger": "wandb", "compressor": "deepreduce", "compressor/index": "bloom",
@@ -36,6 +37,12 @@ def test_parts_name_and_group_come_from_hydra_choices():
     assert sweep_group(hydra) == "sidco_2026-11-22_00-08-05"
     hydra.runtime.choices = {}
     assert sweep_group(hydra) == "train_2026-11-22_00-08-05"
+
+
+def test_a_later_report_finds_the_sweep_group_the_runs_logged(tmp_path):
+    assert logged_group(tmp_path) is None
+    JsonlLogger(str(tmp_path / "0_topk"), {"a": 1}, group="train_2026-11-22_00-08-05")
+    assert logged_group(tmp_path) == "train_2026-11-22_00-08-05"
 
 
 def wandb_records(path):
