@@ -48,17 +48,19 @@ def summaries(sweep):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a sweep of fresh processes: minutes on a busy 2-core machine
 def test_joblib_launcher_runs_every_job(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     # python -m: the module is __main__ here, which launchers cannot pickle by name
     proc = train(tmp_path, "hydra/launcher=joblib", "compressor=none,topk",
-                 "trainer.world_size=1", "trainer.max_steps=3", multirun=True, timeout=400)
+                 "trainer.world_size=1", "trainer.max_steps=3", multirun=True, timeout=800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [s["compressor"] for s in summaries(tmp_path / "sweep")] == ["none", "topk"]
     assert (tmp_path / "sweep" / "report.md").exists()
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_submitit_local_launcher_runs_every_job(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     sweep = tmp_path / "sweep"
@@ -66,20 +68,21 @@ def test_submitit_local_launcher_runs_every_job(tmp_path):
         [str(BIN / "gracecomm-train"), "-m", "hydra/launcher=submitit_local",
          f"hydra.sweep.dir={sweep}", "compressor=none,topk", "trainer.world_size=1",
          "trainer.max_steps=3", "trainer.progress=false"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=400)
+        cwd=tmp_path, capture_output=True, text=True, timeout=800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [s["compressor"] for s in summaries(sweep)] == ["none", "topk"]
     assert (sweep / "report.md").exists()
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_optuna_multi_objective_sweep_of_three_trials(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     proc = train(tmp_path, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3",
                  "hydra.sweeper.n_jobs=3", "hydra.sweeper.sampler.seed=0",
                  "hydra.sweeper.direction=[minimize,minimize]", "objective=[error,wire_bytes]",
                  "compressor=topk", "compressor.ratio=tag(log,interval(0.001,0.1))",
-                 "trainer.world_size=1", "trainer.max_steps=3", multirun=True, timeout=400)
+                 "trainer.world_size=1", "trainer.max_steps=3", multirun=True, timeout=800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = summaries(tmp_path / "sweep")
     assert len(runs) == 3
@@ -105,7 +108,7 @@ def test_torchrun_refuses_a_multirun(tmp_path):
         [torchrun, "--standalone", "--nproc_per_node=1", "-m", "gracecomm.experiments.train",
          "-m", f"hydra.sweep.dir={tmp_path}/sweep", "compressor=none,topk",
          "trainer.max_steps=2"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=200, env=env)
+        cwd=tmp_path, capture_output=True, text=True, timeout=280, env=env)
     assert proc.returncode != 0
     assert "a Hydra multirun (-m) cannot run under torchrun" in proc.stdout + proc.stderr
     assert not list((tmp_path / "sweep").glob("*/metrics.jsonl"))

@@ -57,7 +57,7 @@ def bash_completions(line: str) -> list[str]:
               'words=($COMP_LINE); COMP_CWORD=$(( ${#words[@]} - 1 ))\n'
               'hydra_bash_completion\nprintf "%s\\n" "${COMPREPLY[@]}"\n')
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=280,
                           env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()

@@ -93,11 +93,12 @@ def offline_run(run_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two training runs of fresh processes
 def test_wandb_run_is_named_tagged_and_resumes_the_same_run(tmp_path):
     pytest.importorskip("wandb")
     common = ["logger=wandb", "compressor=topk", "compressor.ratio=0.05", "memory.beta=0.5",
               "trainer.world_size=1", "trainer.checkpoint_every=10"]
-    first = train(tmp_path / "first", *common, "trainer.max_steps=50")
+    first = train(tmp_path / "first", *common, "trainer.max_steps=50", timeout=400)
     assert first.returncode == 0, first.stderr[-3000:]
     run = offline_run(tmp_path / "first" / "run")
     info = run["run"]
@@ -121,7 +122,7 @@ def test_wandb_run_is_named_tagged_and_resumes_the_same_run(tmp_path):
     assert (tmp_path / "first" / "run" / "report.md").exists()
 
     resumed = train(tmp_path / "second", *common, "trainer.max_steps=60",
-                    f"trainer.resume={tmp_path}/first/run/checkpoints")
+                    f"trainer.resume={tmp_path}/first/run/checkpoints", timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = offline_run(tmp_path / "second" / "run")
     assert again["run"].run_id == info.run_id
