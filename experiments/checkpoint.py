@@ -64,8 +64,10 @@ def path_for(directory: str | os.PathLike[str], rank: int) -> Path:
 
 def save(directory: str | os.PathLike[str], rank: int, world_size: int, position: Position,
          model: torch.nn.Module, optimizer: torch.optim.Optimizer, grace_state: dict[str, Any],
-         totals: dict[str, float], fingerprint: str) -> Path:
-    """Write this rank's checkpoint atomically and return its path."""
+         totals: dict[str, float], fingerprint: str,
+         logger_state: dict[str, Any] | None = None) -> Path:
+    """Write this rank's checkpoint atomically and return its path. `logger_state` is what
+    the metrics logger needs to continue (rank 0's W&B run id)."""
     target = path_for(directory, rank)
     target.parent.mkdir(parents=True, exist_ok=True)
     state = {
@@ -74,6 +76,7 @@ def save(directory: str | os.PathLike[str], rank: int, world_size: int, position
         "position": {"step": position.step, "epoch": position.epoch, "batch": position.batch},
         "model": model.state_dict(), "optimizer": optimizer.state_dict(),
         "grace": grace_state, "rng": rng_state(), "totals": dict(totals),
+        "logger": dict(logger_state or {}),
     }
     tmp = target.with_suffix(".pt.tmp")
     torch.save(state, tmp)

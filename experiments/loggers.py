@@ -1,29 +1,41 @@
 """Where metrics go. Every run writes ``metrics.jsonl`` (one JSON object per line: the
 config, then step and eval records, then the summary) and ``summary.json`` in its Hydra run
-directory; `WandbLogger` sends the same records to Weights & Biases as well."""
+directory; `WandbLogger` sends the same records to Weights & Biases as well, with a run
+name, tags and config keys made from the parts, and its own report table and plots."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from omegaconf import DictConfig
 
 from grace.validation import ConfigError, MissingDependency
 
 
 class JsonlLogger:
     """JSONL log (rank 0 only): a new run replaces the run directory's metrics.jsonl, a run
-    resumed from a checkpoint (`append`) continues it."""
+    resumed from a checkpoint continues it. `resume` is the logger state the checkpoint
+    kept (`state_dict`), None for a new run; `metric` names the task's test metric in eval
+    records and `higher_is_better` its direction."""
 
     def __init__(self, run_dir: str, run_config: dict[str, Any], group: str | None = None,
-                 append: bool = False) -> None:
+                 resume: Mapping[str, Any] | None = None, metric: str | None = None,
+                 higher_is_better: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        self._file = self.path.open("a" if append else "w", encoding="utf-8")
+        self._file = self.path.open("w" if resume is None else "a", encoding="utf-8")
         self.group = group
-        self.write({"type": "config", "config": run_config, "group": group})
+        self.write({"type": "config", "config": run_config, "group": group, "metric": metric,
+                    "higher_is_better": higher_is_better})
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps for this logger to continue after a resume."""
+        return {}
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, default=float) + "\n")
@@ -70,32 +82,109 @@ def wandb_mode(mode: str) -> str:
     return mode
 
 
+# groups of the Hydra config whose choice does not describe the method or the experiment
+UNTAGGED_GROUPS = ("logger", "trainer")
+PARTS = ("compressor", "memory", "communicator")
+
+
+def sweep_group(hydra: DictConfig) -> str:
+    """A multirun's W&B group from Hydra's config: the experiment's name (Hydra's job name
+    without one) and the sweep directory's last two parts, by default its date and time:
+    ``sidco_2026-11-22_00-08-05``."""
+    name = hydra.runtime.choices.get("experiment") or hydra.job.name
+    return "_".join([str(name), *Path(str(hydra.sweep.dir)).parts[-2:]])
+
+
+def logged_group(root: Path) -> str | None:
+    """The group the runs under `root` logged with (the config record of the first
+    ``metrics.jsonl``), so a report written later joins its sweep's W&B group."""
+    for path in sorted(Path(root).rglob("metrics.jsonl")):
+        with path.open(encoding="utf-8") as f:
+            return json.loads(f.readline() or "{}").get("group")
+    return None
+
+
+def run_parts(choices: Mapping[str, Any]) -> dict[str, str]:
+    """The short names Hydra chose for each group (``compressor: topk``, ``memory:
+    residual``, ``compressor_index: bloom``, ``model: cnn``, ...), without Hydra's own."""
+    return {group.replace("/", "_"): str(choice) for group, choice in choices.items()
+            if choice is not None and not group.startswith("hydra/")
+            and group not in UNTAGGED_GROUPS}
+
+
+def run_name(parts: Mapping[str, str], overrides: Sequence[str],
+             run_config: Mapping[str, Any]) -> str:
+    """``topk-0.01``: the compressor (with its nested parts, ``deepreduce(topk+bloom+raw)``),
+    its ratio if it has one, and every option of the three parts set on the command line
+    (``powersgd-rank=4``, ``topk-0.01-memory=none``)."""
+    nested = [v for k, v in parts.items() if k.startswith("compressor_")]
+    pieces = [parts.get("compressor", "run") + (f"({'+'.join(nested)})" if nested else "")]
+    ratio = (run_config.get("compressor") or {}).get("ratio")
+    if ratio is not None:
+        pieces.append(f"{ratio:g}" if isinstance(ratio, float) else str(ratio))
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key.split(".")[0] in PARTS and key not in ("compressor", "compressor.ratio"):
+            pieces.append(f"{key.removeprefix('compressor.')}={value}")
+    return "-".join(pieces)
+
+
 class WandbLogger(JsonlLogger):
     """JSONL plus Weights & Biases. ``mode: auto`` logs online when an API key is available
     (WANDB_API_KEY or ``wandb login``) and offline otherwise (sync later with
-    ``wandb sync``). Runs of one Hydra multirun share a W&B group."""
+    ``wandb sync``). Runs of one Hydra multirun share a group (`sweep_group`).
+
+    The run is named from its parts (`run_name`; `name` replaces it), tagged
+    ``group:choice`` for each config group Hydra chose (``compressor:topk``,
+    ``memory:residual``, ...; `tags` adds more) and gets the short part names as config key
+    ``parts``; `choices` and `overrides` are Hydra's (``hydra.runtime.choices``,
+    ``hydra.overrides.task``). Training records go under ``train/`` on the axis
+    ``train/step``, evaluations under ``eval/`` on their own axis ``eval/epoch``, and the
+    summary keeps each evaluation metric's best value. A run resumed from a checkpoint
+    continues the same W&B run (its id is in the logger's `state_dict`). At the end the run
+    logs its own report table and plots (`gracecomm.experiments.report`)."""
 
     def __init__(self, run_dir: str, run_config: dict[str, Any], group: str | None = None,
-                 append: bool = False, project: str = "gracecomm", entity: str | None = None,
-                 mode: str = "auto", name: str | None = None,
-                 tags: list[str] | None = None) -> None:
-        super().__init__(run_dir, run_config, group, append)
+                 resume: Mapping[str, Any] | None = None, metric: str | None = None,
+                 higher_is_better: bool = True, project: str = "gracecomm",
+                 entity: str | None = None, mode: str = "auto", name: str | None = None,
+                 tags: Sequence[str] = (), job_type: str = "train",
+                 choices: Mapping[str, Any] | None = None, overrides: Sequence[str] = ()) -> None:
+        super().__init__(run_dir, run_config, group, resume, metric, higher_is_better)
         wandb = import_wandb()
-        self.wandb = wandb
-        self.run = wandb.init(project=project, entity=entity, group=group, name=name,
-                              tags=list(tags or []), config=run_config, dir=str(self.run_dir),
-                              mode=wandb_mode(mode), reinit="finish_previous")
+        parts = run_parts(choices or {})
+        run_id = (resume or {}).get("wandb_run_id")
+        self.run = wandb.init(
+            project=project, entity=entity, group=group, job_type=job_type,
+            name=name or run_name(parts, overrides, run_config),
+            tags=[f"{k}:{v}" for k, v in parts.items()] + list(tags),
+            config={**run_config, "parts": parts}, dir=str(self.run_dir),
+            mode=wandb_mode(mode), id=run_id, resume="allow" if run_id else None,
+            reinit="finish_previous")
+        for kind, axis in (("train", "step"), ("eval", "epoch")):
+            self.run.define_metric(f"{kind}/{axis}")
+            self.run.define_metric(f"{kind}/*", step_metric=f"{kind}/{axis}")
+        best = {"test_loss": "min"}
+        if metric is not None:
+            best[metric] = "max" if higher_is_better else "min"
+        for key, summary in best.items():
+            self.run.define_metric(f"eval/{key}", step_metric="eval/epoch", summary=summary)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"wandb_run_id": self.run.id}
 
     def log(self, record: dict[str, Any]) -> None:
         super().log(record)
-        kind = record.get("type", "step")
-        values = {f"{kind}/{k}": v for k, v in record.items()
-                  if k not in ("type", "step") and isinstance(v, (int, float))}
-        self.run.log(values, step=int(record.get("step", 0)))
+        kind = "eval" if record.get("type") == "eval" else "train"
+        self.run.log({f"{kind}/{k}": v for k, v in record.items()
+                      if k != "type" and isinstance(v, (int, float))})
 
     def finish(self, summary: dict[str, Any]) -> None:
         super().finish(summary)
         for key, value in summary.items():
             if isinstance(value, (int, float, str)):
                 self.run.summary[key] = value
+        from gracecomm.experiments.report import log_report, write_report  # imports this module
+
+        log_report(self.run, write_report(self.run_dir))
         self.run.finish()

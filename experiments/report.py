@@ -32,7 +32,8 @@ from hydra.experimental.callback import Callback
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from gracecomm.experiments.loggers import WandbLogger, import_wandb, wandb_mode
+from gracecomm.experiments.loggers import (WandbLogger, import_wandb, logged_group, sweep_group,
+                                           wandb_mode)
 from gracecomm.experiments.train import CONFIG_DIR, format_bytes
 
 # method.*: what a configs/method preset hands to the experiment (it also sets the trainer
@@ -440,15 +441,22 @@ def log_to_wandb(report: Report, project: str = "gracecomm", entity: str | None 
     """Send the report's table and plots to W&B as one ``report`` run in `group` (the sweep's
     group, so it sits next to the sweep's runs)."""
     wandb = import_wandb()
-    columns = _columns(report.table)
     run = wandb.init(project=project, entity=entity, group=group, job_type="report",
                      name=f"report-{group}" if group else "report", dir=str(report.markdown.parent),
                      mode=wandb_mode(mode), reinit="finish_previous")
+    log_report(run, report)
+    run.finish()
+
+
+def log_report(run: Any, report: Report) -> None:
+    """Log the report's table and plots into the W&B `run` (a sweep's report run, or a
+    training run's own report)."""
+    wandb = import_wandb()
+    columns = _columns(report.table)
     table = wandb.Table(columns=columns,
                         data=[[_cell(c, row.get(c)) for c in columns] for row in report.table.rows])
     run.log({"report/table": table,
              **{f"report/{p.stem}": wandb.Image(str(p)) for p in report.plots}})
-    run.finish()
 
 
 class ReportCallback(Callback):
@@ -463,7 +471,7 @@ class ReportCallback(Callback):
         if logger is not None and issubclass(get_class(logger._target_), WandbLogger):
             log_to_wandb(report, project=logger.get("project", "gracecomm"),
                          entity=logger.get("entity"), mode=logger.get("mode", "auto"),
-                         group=sweep.name)
+                         group=sweep_group(config.hydra))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -480,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     report = write_report(args.source, args.out, plots=not args.no_plots)
     if args.wandb:
         log_to_wandb(report, args.wandb_project, args.wandb_entity, args.wandb_mode,
-                     group=args.source.resolve().name)
+                     group=logged_group(args.source) or args.source.resolve().name)
     print(report.markdown.read_text(encoding="utf-8"))
     print(f"written: {report.markdown}, {report.csv}"
           + "".join(f", {p}" for p in report.plots))

@@ -42,6 +42,7 @@ from grace.network import (COLLECTIVE_KEYS, Network, compute_time, networks, ove
 from grace.rng import stable_hash
 from grace.validation import ConfigError, check_choice, check_range
 from gracecomm.experiments import checkpoint
+from gracecomm.experiments.loggers import sweep_group
 from gracecomm.experiments.tasks import Task, make_task
 from gracecomm.experiments.torch_hooks import (AllreduceCounter, check_torch_exchange,
                                                register_torch_hook)
@@ -297,7 +298,8 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     if rank == 0:
         logger = instantiate(cfg.logger, run_dir=run_dir, group=group,
                              run_config=OmegaConf.to_container(cfg, resolve=True),
-                             append=resumed is not None,  # a new run starts a new log
+                             resume=None if resumed is None else resumed.get("logger", {}),
+                             metric=task.metric, higher_is_better=task.higher_is_better,
                              allow_any_target=allow, _recursive_=False, _convert_="all")
     progress = None
     if rank == 0 and t.progress:
@@ -306,7 +308,8 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                         desc=f"train [{grace.compressor.registry_name}]", dynamic_ncols=True)
     def save(at: checkpoint.Position) -> None:
         checkpoint.save(checkpoint_dir, rank, world_size, at, model, optimizer,
-                        grace.state_dict(), totals, fingerprint)
+                        grace.state_dict(), totals, fingerprint,
+                        logger.state_dict() if logger is not None else {})
 
     step, evals, save_at = position.step, {}, None
     for epoch in range(position.epoch, t.epochs):
@@ -439,16 +442,53 @@ def format_summary(s: dict[str, Any], run_dir: str) -> str:
     return "\n".join(lines)
 
 
+# What `main` returns to a Hydra sweeper such as Optuna, every one minimised: `error` is 1 -
+# the test metric where higher is better (accuracy, hit rate) and the test metric itself
+# where lower is better (perplexity); the others are bytes per rank per step (payload; sent,
+# with size headers and padding).
+OBJECTIVES = ("error", "wire_bytes", "sent_bytes")
+
+
+def objective_names(cfg: DictConfig) -> list[str]:
+    """``objective``: one name of `OBJECTIVES` or a list of them (Optuna's multi-objective
+    mode)."""
+    names = cfg.get("objective", "error")
+    names = [names] if isinstance(names, str) else list(names)
+    if not names:
+        raise ConfigError(f"option 'objective' is empty; give one or more of "
+                          f"{', '.join(OBJECTIVES)}")
+    return [check_choice(name, OBJECTIVES, "config", "objective") for name in names]
+
+
+def objective(summary: dict[str, Any], names: list[str]) -> float | tuple[float, ...]:
+    """The run's value of each objective in `names`, all to be minimised (a float for one
+    name, a tuple for several); NaN for a run that wrote no summary."""
+    values = []
+    for name in names:
+        if name == "error":
+            metric = float(summary.get(summary.get("metric", ""), math.nan))
+            values.append(1.0 - metric if summary.get("higher_is_better", True) else metric)
+        else:
+            values.append(float(summary.get(f"{name}_per_step", math.nan)))
+    return values[0] if len(values) == 1 else tuple(values)
+
+
 def _sweep_group() -> str | None:
     hc = HydraConfig.get()
-    if hc.mode == RunMode.MULTIRUN:
-        return os.path.basename(os.path.normpath(hc.sweep.dir))
-    return None
+    return sweep_group(hc) if hc.mode == RunMode.MULTIRUN else None
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
-def main(cfg: DictConfig) -> float:
+def main(cfg: DictConfig) -> float | tuple[float, ...]:
+    """Train one configuration; return its `objective` (minimised) to a Hydra sweeper."""
+    if launched_externally() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise ConfigError("a Hydra multirun (-m) cannot run under torchrun: torchrun starts "
+                          "one process group for one training run, so only the first job "
+                          "would run. Sweep without torchrun (local workers: "
+                          "trainer.world_size=N, any Hydra launcher), or start one torchrun "
+                          "per configuration")
     validate(cfg)
+    names = objective_names(cfg)
     run_dir = HydraConfig.get().runtime.output_dir
     group = _sweep_group()
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
@@ -465,12 +505,16 @@ def main(cfg: DictConfig) -> float:
               backend=_backend(cfg), timeout_s=float(cfg.trainer.timeout_s),
               collective_timeout_s=float(cfg.trainer.collective_timeout_s))
     summary_path = os.path.join(run_dir, "summary.json")
+    summary = {}
     if os.path.exists(summary_path):
         with open(summary_path, encoding="utf-8") as f:
             summary = json.load(f)
-        return float(summary.get(summary.get("metric", ""), float("nan")))
-    return float("nan")
+    return objective(summary, names)
 
 
 if __name__ == "__main__":
-    main()
+    # run the installed module's `main`, not this `__main__` copy: a launcher plugin (joblib,
+    # submitit) pickles `train_worker` by its module name, which `__main__` does not resolve
+    from gracecomm.experiments.train import main as installed_main
+
+    installed_main()

@@ -94,6 +94,10 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     threads = max(1, (os.cpu_count() or 1) // world_size)
+    if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
+        # inside a launcher's worker (joblib's loky): a spawned child reads the start method
+        # from its parent and cannot find loky's, so fall back to the standard one
+        mp.set_start_method("spawn", force=True)
     ctx = mp.start_processes(
         _worker, nprocs=world_size, join=False, start_method="spawn",
         args=(fn, world_size, free_port(), backend,

@@ -9,6 +9,9 @@ Register with a decorator, create by name, list what exists::
     create("compressor", "topk", ratio=0.01)
     available("compressor")  # ['fp16', 'none', 'randomk', 'threshold', 'topk', ...]
 
+A typo in a name raises `UnknownNameError` with the valid names; an option the class's
+constructor does not take raises `ConfigError` with the options it does take.
+
 The core imports nothing from the method folders: a registry imports its built-in module by
 name the first time it is queried, then any module or class that installed packages
 advertise under the entry-point group ``gracecomm.<kind>`` (e.g. ``gracecomm.compressor``).
@@ -18,7 +21,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
@@ -32,6 +36,12 @@ class UnknownNameError(ConfigError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the choice closest to a misspelt `word`, else ``''``."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f" Did you mean '{close[0]}'?" if close else ""
 
 
 class Registry:
@@ -78,15 +88,17 @@ class Registry:
         """The class registered under `name`; a typo raises with the valid names."""
         self._load()
         if name not in self._classes:
-            close = difflib.get_close_matches(str(name), self._classes, n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise UnknownNameError(f"unknown {self.kind} '{name}'.{hint} Available: "
+            raise UnknownNameError(f"unknown {self.kind} '{name}'."
+                                   f"{did_you_mean(name, self._classes)} Available: "
                                    f"{', '.join(sorted(self._classes))}")
         return self._classes[name]
 
     def create(self, name: str, **kwargs: Any) -> Any:
-        """Instantiate the class registered under `name` with `kwargs`."""
-        return self.get(name)(**kwargs)
+        """Instantiate the class registered under `name` with `kwargs`; an option the class
+        does not take (or a required one left out) raises `ConfigError` listing its options."""
+        cls = self.get(name)
+        check_options(cls, kwargs, f"{self.kind} '{name}'")
+        return cls(**kwargs)
 
     def name_of(self, cls: type) -> str | None:
         """The name `cls` is registered under, if any."""
@@ -99,6 +111,35 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         self._load()
         return name in self._classes
+
+
+def options_of(cls: type) -> dict[str, inspect.Parameter] | None:
+    """The keyword options `cls` takes, from its constructor's signature (None when the
+    signature cannot be read or takes ``**kwargs``: any option may be valid)."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return {n: p for n, p in params.items()
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+
+
+def check_options(cls: type, options: Mapping[str, Any], owner: str) -> None:
+    """Raise `ConfigError` naming the option and listing the allowed ones when `options`
+    holds a name the constructor of `cls` does not take or lacks one it requires."""
+    allowed = options_of(cls)
+    if allowed is None:
+        return
+    listed = f"Options: {', '.join(allowed)}" if allowed else "It takes no options."
+    for key in options:
+        if key not in allowed:
+            raise ConfigError(f"{owner}: unknown option '{key}'.{did_you_mean(key, allowed)} "
+                              f"{listed}")
+    for key, param in allowed.items():
+        if param.default is inspect.Parameter.empty and key not in options:
+            raise ConfigError(f"{owner}: option '{key}' is required. {listed}")
 
 
 COMPRESSORS = Registry("compressor", builtin="gracecomm.compressors")

@@ -4,9 +4,13 @@ package in the working directory cannot shadow them."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -43,3 +47,72 @@ def test_console_scripts_run_beside_shadowing_packages(research_repo: Path, scri
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert expect in done.stdout
+
+
+def bash_completions(line: str) -> list[str]:
+    """What bash completes for `line` (ending in the word being typed) after sourcing the
+    script `gracecomm-train -sc install=bash` prints, as a user's shell would."""
+    script = (f'eval "$(gracecomm-train -sc install=bash)"\n'
+              f'COMP_LINE={shlex.quote(line)}; COMP_POINT=${{#COMP_LINE}}\n'
+              'words=($COMP_LINE); COMP_CWORD=$(( ${#words[@]} - 1 ))\n'
+              'hydra_bash_completion\nprintf "%s\\n" "${COMPREPLY[@]}"\n')
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=280,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_shell_completion_of_the_console_script() -> None:
+    assert {"compressor=topk", "compressor=threshold"} <= set(
+        bash_completions("gracecomm-train compressor=t"))
+    assert "compressor.ratio=" in bash_completions("gracecomm-train compressor=topk compressor.ra")
+    assert "compressor/index=bloom" in bash_completions(
+        "gracecomm-train compressor=deepreduce compressor/index=bl")
+
+
+@pytest.mark.slow
+def test_built_wheel_works_beside_shadowing_packages(research_repo: Path, tmp_path: Path) -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    setuptools = pytest.importorskip("setuptools")
+    if int(setuptools.__version__.split(".")[0]) < 77:
+        pytest.skip(f"building needs setuptools>=77 (PEP 639), found {setuptools.__version__}")
+    root = Path(__file__).resolve().parent.parent
+    source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info beside it
+    folders = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"].values()
+    for name in ("grace", *folders):
+        shutil.copytree(root / name, source / name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(root / name, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+                    str(source)], check=True, capture_output=True, timeout=300)
+    (wheel,) = tmp_path.glob("gracecomm-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(f"{info}/METADATA").decode()
+        scripts = archive.read(f"{info}/entry_points.txt").decode()
+    assert {n.split("/")[0] for n in names} == {"grace", "gracecomm", info}
+    assert "gracecomm/configs/train.yaml" in names and f"{info}/licenses/LICENSE" in names
+    assert "License-Expression: Apache-2.0" in metadata
+    assert all(f"gracecomm-{s} =" in scripts for s in ("train", "bench", "report"))
+    target = tmp_path / "installed"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    # -S: no site processing, so the editable install of this checkout is not importable;
+    # the dependencies come from this environment, gracecomm only from the wheel
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target),
+                                                        sysconfig.get_paths()["purelib"]])}
+    code = ("import sys, grace; from gracecomm.experiments import train; "
+            "print(grace.__file__, train.__file__); print(grace.build('topk')); "
+            "sys.argv = ['gracecomm-train', '--cfg', 'job']; train.main()")
+    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=research_repo,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    files, built = done.stdout.splitlines()[:2]
+    assert all(f.startswith(str(target)) for f in files.split()), files
+    assert built == "Grace(compressor='topk', memory='residual', communicator='allgather')"
+    assert "_target_: gracecomm.compressors.none.NoneCompressor" in done.stdout

@@ -135,5 +135,5 @@ def test_jsonl_logger_replaces_old_metrics_unless_resumed(tmp_path):
     JsonlLogger(str(tmp_path), {"run": 1}).log({"type": "step", "step": 1})
     JsonlLogger(str(tmp_path), {"run": 2}).log({"type": "step", "step": 1})
     assert [r.get("config") for r in records()] == [{"run": 2}, None]
-    JsonlLogger(str(tmp_path), {"run": 2}, append=True).log({"type": "step", "step": 2})
+    JsonlLogger(str(tmp_path), {"run": 2}, resume={}).log({"type": "step", "step": 2})
     assert [r["type"] for r in records()] == ["config", "step", "config", "step"]
