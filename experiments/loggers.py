@@ -25,6 +25,11 @@ class JsonlLogger:
         self.group = group
         self.write({"type": "config", "config": run_config, "group": group})
 
+    @classmethod
+    def check_options(cls, **options: Any) -> None:
+        """Raise, before any worker starts, if `options` cannot work (nothing to check
+        here; subclasses that need packages or accounts check them)."""
+
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, default=float) + "\n")
         self._file.flush()
@@ -85,6 +90,12 @@ class WandbLogger(JsonlLogger):
         self.run = wandb.init(project=project, entity=entity, group=group, name=name,
                               tags=list(tags or []), config=run_config, dir=str(self.run_dir),
                               mode=wandb_mode(mode), reinit="finish_previous")
+
+    @classmethod
+    def check_options(cls, **options: Any) -> None:
+        """wandb must be installed and ``mode`` one of `WANDB_MODES`."""
+        wandb_mode(options.get("mode", "auto"))
+        import_wandb()
 
     def log(self, record: dict[str, Any]) -> None:
         super().log(record)
