@@ -12,6 +12,7 @@ Without launcher variables the command spawns `trainer.world_size` local workers
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
 import json
@@ -35,12 +36,12 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, default_col
 
 from grace import Compressor, Grace, Memory, register_comm_hook
 from grace.config import check_targets, instantiate
-from grace.consistency import describe, verify_same_on_all_ranks
+from grace.consistency import describe, gather_text, verify_same_on_all_ranks
 from grace.launch import launched_externally, run_rank, spawn
 from grace.network import COLLECTIVE_KEYS, Network, networks, overhead_time, project
 from grace.rng import stable_hash
 from grace.validation import ConfigError, check_choice, check_range
-from gracecomm.experiments import checkpoint
+from gracecomm.experiments import checkpoint, rundir
 from gracecomm.experiments.tasks import Task, make_task
 
 SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "compress_s", "decompress_s",
@@ -288,6 +289,8 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                  group: str | None) -> None:
     """One rank's training loop (also the body of a torchrun process)."""
     cfg = OmegaConf.create(cfg_dict)
+    if dist.is_initialized():  # under torchrun every rank named its own; rank 0's counts
+        run_dir = gather_text(run_dir)[0]
     allow = bool(cfg.get("allow_any_target", False))
     device = _device(cfg, rank)
     torch.manual_seed(cfg.seed)
@@ -495,10 +498,12 @@ def main(cfg: DictConfig) -> float:
     group = _sweep_group()
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     if launched_externally():  # run this rank and exit, as spawned workers do
-        run_rank(train_worker, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
-                 (cfg_dict, run_dir, group), backend=_backend(cfg),
-                 collective_timeout_s=float(cfg.trainer.collective_timeout_s))
-    else:
+        rank = int(os.environ["RANK"])
+        with rundir.claim(run_dir) if rank == 0 else contextlib.nullcontext():
+            run_rank(train_worker, rank, int(os.environ["WORLD_SIZE"]),
+                     (cfg_dict, run_dir, group), backend=_backend(cfg),
+                     collective_timeout_s=float(cfg.trainer.collective_timeout_s))
+    with rundir.claim(run_dir):
         spawn(train_worker, int(cfg.trainer.world_size), cfg_dict, run_dir, group,
               backend=_backend(cfg), timeout_s=float(cfg.trainer.timeout_s),
               collective_timeout_s=float(cfg.trainer.collective_timeout_s))
