@@ -69,10 +69,11 @@ def case(group: str, *, slow: bool = False) -> Callable[[CaseFn], CaseFn]:
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
 
-def train_cmd(run_dir: Path | str | None, *overrides: str, module: str = "gracecomm.experiments.train"
-              ) -> list[str]:
+def train_cmd(run_dir: Path | str | None, *overrides: str) -> list[str]:
+    """The training command (in `run_dir` when given, else in Hydra's default directory)."""
     where = [f"hydra.run.dir={run_dir}"] if run_dir is not None else []
-    return [sys.executable, "-m", module, *where, "trainer.progress=false", *overrides]
+    return [sys.executable, "-m", "gracecomm.experiments.train", *where,
+            "trainer.progress=false", *overrides]
 
 
 def train(run_dir: Path | str | None, *overrides: str, cwd: Path | None = None,
@@ -384,10 +385,16 @@ def no_orphans_after_launcher_sigkill(tmp: Path) -> str:
 
 @case("faults", slow=True)
 def ctrl_c_stops_every_process(tmp: Path) -> str:
-    with long_run(tmp / "run", session=True) as proc:
+    return _ctrl_c(tmp, train_cmd(tmp / "run", "trainer.epochs=1000"))
+
+
+def _ctrl_c(tmp: Path, cmd: list[str]) -> str:
+    """Ctrl-C (SIGINT to the command's process group, as a terminal sends it) ends every
+    process of a running `cmd` within `FAULT_S`."""
+    with long_run(tmp / "run", session=True, cmd=cmd) as proc:
         everyone = [proc.pid, *descendants(proc.pid)]
-        os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends on Ctrl-C
-        took = wait_gone(everyone, 30)
+        os.killpg(proc.pid, signal.SIGINT)
+        took = wait_gone(everyone, 60)
     expect(took <= FAULT_S, f"processes outlived Ctrl-C by {took:.1f} s")
     return f"all {len(everyone)} processes gone after {took:.2f} s"
 
@@ -400,21 +407,12 @@ def torchrun_cmd(run_dir: Path, *overrides: str) -> list[str]:
 
 @case("faults", slow=True)
 def ctrl_c_under_torchrun(tmp: Path) -> str:
-    cmd = torchrun_cmd(tmp / "run", "trainer.epochs=1000")
-    with long_run(tmp / "run", session=True, cmd=cmd) as proc:
-        everyone = [proc.pid, *descendants(proc.pid)]
-        os.killpg(proc.pid, signal.SIGINT)
-        took = wait_gone(everyone, 60)
-    expect(took <= FAULT_S, f"processes outlived Ctrl-C by {took:.1f} s")
-    return f"torchrun and its {len(everyone) - 1} processes gone after {took:.2f} s"
+    return _ctrl_c(tmp, torchrun_cmd(tmp / "run", "trainer.epochs=1000"))
 
 
 @case("faults", slow=True)
 def failing_rank_under_torchrun_is_named(tmp: Path) -> str:
-    source = base_checkpoint(tmp.parent)
-    edited = tmp / "ckpt"
-    shutil.copytree(source, edited)
-    rewrite(edited, 1, lambda s: s["position"].update(batch=s["position"]["batch"] - 1))
+    edited = edited_checkpoint(tmp, 1, edit_position)
     start = time.monotonic()
     proc = subprocess.run(torchrun_cmd(tmp / "run", "compressor=topk", "trainer.max_steps=8",
                                        f"trainer.resume={edited}",
@@ -441,9 +439,12 @@ def base_checkpoint(base: Path) -> Path:
     return folder / "ckpt"
 
 
-def rewrite(folder: Path, rank: int, edit: Callable[[dict[str, Any]], None]) -> None:
-    """Edit rank `rank`'s file as an attacker would, and its manifest entry to match."""
+def edited_checkpoint(tmp: Path, rank: int, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of the base checkpoint whose rank `rank` file was edited as an attacker would
+    edit it: its manifest entry (size, SHA-256) is updated to match."""
     import hashlib
+    folder = tmp / "ckpt"
+    shutil.copytree(base_checkpoint(tmp.parent), folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     entry = manifest["ranks"][rank]
     state = torch.load(folder / entry["file"], weights_only=True)
@@ -454,6 +455,12 @@ def rewrite(folder: Path, rank: int, edit: Callable[[dict[str, Any]], None]) -> 
     (folder / entry["file"]).write_bytes(data)
     entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def edit_position(state: dict[str, Any]) -> None:
+    """One batch less in the position: no longer a position of the run."""
+    state["position"]["batch"] -= 1
 
 
 def resume(tmp: Path, folder: Path, max_steps: int = 8) -> subprocess.CompletedProcess[str]:
@@ -508,9 +515,7 @@ def missing_or_mismatched_rank_files_are_refused(tmp: Path) -> str:
 
 @case("checkpoint", slow=True)
 def hand_edited_position_is_refused(tmp: Path) -> str:
-    folder = tmp / "ckpt"
-    shutil.copytree(base_checkpoint(tmp.parent), folder)
-    rewrite(folder, 1, lambda s: s["position"].update(batch=s["position"]["batch"] - 1))
+    folder = edited_checkpoint(tmp, 1, edit_position)
     start = time.monotonic()
     proc = resume(tmp, folder)
     took = time.monotonic() - start
@@ -521,16 +526,12 @@ def hand_edited_position_is_refused(tmp: Path) -> str:
 
 @case("checkpoint", slow=True)
 def wrong_shaped_state_is_refused(tmp: Path) -> str:
-    folder = tmp / "ckpt"
-    shutil.copytree(base_checkpoint(tmp.parent), folder)
-
     def shrink(state: dict[str, Any]) -> None:
         residuals = state["grace"]["memory"]["residuals"]
         name = next(iter(residuals))
         residuals[name] = residuals[name].flatten()[:3].clone()
 
-    rewrite(folder, 0, shrink)
-    proc = resume(tmp, folder)
+    proc = resume(tmp, edited_checkpoint(tmp, 0, shrink))
     expect(proc.returncode != 0 and "memory.residuals." in proc.stderr
            and "has shape [3]" in proc.stderr, proc.stderr[-1500:])
     return "refused, naming the residual and both shapes"

@@ -88,11 +88,10 @@ def validate(cfg: DictConfig) -> None:
     check_model_fits_data(cfg)
     check_logger(cfg.logger)
     check_range(t.checkpoint_every, "trainer", "checkpoint_every", 0, integer=True)
-    if t.resume:  # the manifest, and the files of the ranks this machine starts
-        if launched_externally():
-            checkpoint.manifest(t.resume, int(os.environ["WORLD_SIZE"]), [int(os.environ["RANK"])])
-        else:
-            checkpoint.manifest(t.resume, int(t.world_size))
+    if t.resume and launched_externally():  # the manifest and this process's rank's file
+        checkpoint.manifest(t.resume, int(os.environ["WORLD_SIZE"]), [int(os.environ["RANK"])])
+    elif t.resume:  # the manifest and every rank's file
+        checkpoint.manifest(t.resume, int(t.world_size))
 
 
 def check_trainer_options(trainer: DictConfig) -> None:

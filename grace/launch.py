@@ -41,10 +41,10 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _POLL_S = 0.25  # how often a worker checks that its launcher is alive
 _SETTLE_S = 0.5  # after a failure: time for causally earlier reports to arrive
 _REPORT_CHARS = 20_000  # tail of a traceback sent to the launcher
-# Gloo and NCCL raise plain RuntimeErrors; these say a peer went away or did not answer
+# Gloo raises plain RuntimeErrors; these say a peer went away or did not answer
 _COMM_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                  "Timed out", "/gloo/transport/")
-_TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout", "timeout")
+_TIMEOUT_MARKERS = ("Timed out", "timed out", "timeout")
 
 
 class WorkerTimeout(TimeoutError):
@@ -135,11 +135,15 @@ def end_with_launcher(launcher_pid: int, rank: int, *, kernel: bool = False) -> 
     threading.Thread(target=watch, name="grace-launcher-watch", daemon=True).start()
 
 
-def is_communication_error(err: BaseException) -> bool:
-    """`err` says that a peer went away or did not answer (a consequence of another rank's
-    failure or hang), rather than a failure of this rank's own code."""
-    return isinstance(err, dist.DistError) or (
-        isinstance(err, RuntimeError) and any(m in str(err) for m in _COMM_MARKERS))
+def failure_kind(err: BaseException) -> str:
+    """``timeout``: a peer did not answer within the collective timeout; ``lost``: a peer
+    went away (both usually the consequence of another rank's failure or hang); ``error``:
+    a failure of this rank's own code."""
+    message = str(err)
+    if not (isinstance(err, dist.DistError) or (
+            isinstance(err, RuntimeError) and any(m in message for m in _COMM_MARKERS))):
+        return "error"
+    return "timeout" if any(m in message for m in _TIMEOUT_MARKERS) else "lost"
 
 
 @dataclass
@@ -148,7 +152,7 @@ class _Report:
 
     rank: int
     at: float  # time.monotonic(): one clock for all processes of a machine
-    communication: bool
+    kind: str  # see `failure_kind`
     text: str
 
 
@@ -167,7 +171,7 @@ def run_rank(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any
                            master_port=master_port)
         fn(rank, world_size, *args)
     except BaseException as err:  # noqa: BLE001 - any failure ends the rank, reported
-        failure = _Report(rank, time.monotonic(), is_communication_error(err),
+        failure = _Report(rank, time.monotonic(), failure_kind(err),
                           traceback.format_exc()[-_REPORT_CHARS:])
         if report is not None:
             report.send(failure)
@@ -214,7 +218,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
     collective_timeout_s = collective_timeout_s or timeout_s
     threads = max(1, (os.cpu_count() or 1) // world_size)
     ctx = mp.get_context("spawn")
-    port, procs, readers = free_port(), [], {}
+    port, procs, readers = free_port(), [], []
     try:
         for rank in range(world_size):
             reader, writer = ctx.Pipe(duplex=False)
@@ -224,7 +228,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
             proc.start()
             writer.close()
             procs.append(proc)
-            readers[reader] = rank
+            readers.append(reader)
         failures = _watch(procs, readers, time.monotonic() + timeout_s)
         if failures:
             message = _describe(failures, procs, collective_timeout_s)
@@ -243,14 +247,14 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
             reader.close()
 
 
-def _watch(procs: list[Any], readers: dict[Connection, int],
+def _watch(procs: list[Any], readers: list[Connection],
            deadline: float) -> list[_Report | tuple[int, int]] | None:
     """Wait until every worker exited successfully (None), the deadline passed (None, some
     alive), or a worker failed: then, after `_SETTLE_S` for reports that precede it, every
     failure seen (reports, and (rank, exit code) of ranks that died without one)."""
     failures: list[_Report | tuple[int, int]] = []
     reported: set[int] = set()
-    open_readers = dict(readers)
+    open_readers = list(readers)
     settle_until = None
     while True:
         now = time.monotonic()
@@ -267,7 +271,7 @@ def _watch(procs: list[Any], readers: dict[Connection, int],
             try:
                 report = reader.recv()
             except (EOFError, OSError):  # the worker exited; nothing (more) to say
-                del open_readers[reader]
+                open_readers.remove(reader)
                 continue
             failures.append(report)
             reported.add(report.rank)
@@ -287,10 +291,10 @@ def _describe(failures: list[_Report | tuple[int, int]], procs: list[Any],
     first), then a rank that died without a report, then a lost or timed-out connection
     (naming the ranks still alive that never answered)."""
     world_size = len(procs)
-    own = sorted((f for f in failures if isinstance(f, _Report) and not f.communication),
+    own = sorted((f for f in failures if isinstance(f, _Report) and f.kind == "error"),
                  key=lambda f: f.at)
     silent = [f for f in failures if not isinstance(f, _Report)]
-    lost = sorted((f for f in failures if isinstance(f, _Report) and f.communication),
+    lost = sorted((f for f in failures if isinstance(f, _Report) and f.kind != "error"),
                   key=lambda f: f.at)
     if own:
         f = own[0]
@@ -305,7 +309,7 @@ def _describe(failures: list[_Report | tuple[int, int]], procs: list[Any],
     f = lost[0]
     failed = {g.rank for g in lost}
     hung = [r for r, p in enumerate(procs) if r not in failed and p.is_alive()]
-    if hung and any(m in f.text for m in _TIMEOUT_MARKERS):
+    if hung and f.kind == "timeout":
         names = ", ".join(map(str, hung))
         return (f"worker rank {names} of {world_size} did not answer within the collective "
                 f"timeout ({collective_timeout_s:g} s) and was still running: it hung, was "
