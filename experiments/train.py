@@ -19,6 +19,8 @@ import json
 import math
 import os
 import resource
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, default_col
 from grace import Compressor, Grace, Memory, register_comm_hook
 from grace.config import check_targets, instantiate
 from grace.consistency import describe, gather_text, verify_same_on_all_ranks
-from grace.launch import launched_externally, run_rank, spawn
+from grace.launch import exit_now, launched_externally, run_rank, spawn
 from grace.network import COLLECTIVE_KEYS, Network, networks, overhead_time, project
 from grace.rng import stable_hash
 from grace.validation import ConfigError, check_choice, check_range
@@ -502,10 +504,14 @@ def main(cfg: DictConfig) -> float:
             run_rank(train_worker, rank, int(os.environ["WORLD_SIZE"]),
                      (cfg_dict, run_dir, group), backend=_backend(cfg),
                      collective_timeout_s=float(cfg.trainer.collective_timeout_s))
-    with rundir.claim(run_dir):
-        spawn(train_worker, int(cfg.trainer.world_size), cfg_dict, run_dir, group,
-              backend=_backend(cfg), timeout_s=float(cfg.trainer.timeout_s),
-              collective_timeout_s=float(cfg.trainer.collective_timeout_s))
+    try:
+        with rundir.claim(run_dir):
+            spawn(train_worker, int(cfg.trainer.world_size), cfg_dict, run_dir, group,
+                  backend=_backend(cfg), timeout_s=float(cfg.trainer.timeout_s),
+                  collective_timeout_s=float(cfg.trainer.collective_timeout_s))
+    except KeyboardInterrupt:  # Ctrl-C: the workers are stopped; skip the slow teardown
+        print("interrupted (SIGINT): the workers were stopped", file=sys.stderr)
+        exit_now(128 + signal.SIGINT)
     summary_path = os.path.join(run_dir, "summary.json")
     if os.path.exists(summary_path):
         with open(summary_path, encoding="utf-8") as f:

@@ -69,10 +69,14 @@ def free_port() -> int:
 def init_process_group(backend: str, rank: int, world_size: int, *, timeout_s: float,
                        master_port: int | None = None) -> None:
     """Join a process group. With `master_port`, a local group on 127.0.0.1; otherwise the
-    launcher's environment (MASTER_ADDR, MASTER_PORT) is used."""
+    launcher's environment (MASTER_ADDR, MASTER_PORT) is used. ``nccl`` carries CUDA
+    tensors; CPU tensors (start-up consistency checks, checkpoint manifests) go over Gloo
+    in the same group, which NCCL alone would refuse."""
     if master_port is not None:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(master_port)
+    if backend == "nccl":
+        backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
 
