@@ -187,21 +187,11 @@ def evil_pickle(folder: Path) -> tuple[Path, Path]:
     return path, folder / "pwned"
 
 
-def compose(*overrides: str) -> Any:
-    """The training config with command-line overrides (what the entry point composes)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from gracecomm.experiments.train import CONFIG_DIR
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return hydra_compose(config_name="train", overrides=list(overrides))
-
-
 def validate(*overrides: str) -> None:
+    """The entry point's checks on the config of these command-line overrides."""
+    from gracecomm.experiments.train import compose_config
     from gracecomm.experiments.train import validate as check
-    check(compose(*overrides))
+    check(compose_config(*overrides))
 
 
 # -- hostile configs ----------------------------------------------------------------------
@@ -263,7 +253,8 @@ def target_escapes_through_grace_build(tmp: Path) -> str:
 @case("config")
 def project_and_opted_in_targets_still_work(tmp: Path) -> str:
     from grace.config import instantiate
-    cfg = compose("compressor=deepreduce", "compressor/index=bloom")
+    from gracecomm.experiments.train import compose_config
+    cfg = compose_config("compressor=deepreduce", "compressor/index=bloom")
     for group in ("compressor", "memory", "communicator", "model", "data"):
         instantiate(cfg[group])
     layer = instantiate({"_target_": "torch.nn.Linear", "in_features": 2, "out_features": 1})

@@ -51,6 +51,14 @@ SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "compress_s", "decompr
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
+def compose_config(*overrides: str) -> DictConfig:
+    """The training config with command-line style overrides, composed as the entry point
+    composes it (for tests and scripts)."""
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
 def build_grace(cfg: DictConfig) -> Grace:
     """Instantiate the compressor, memory and communicator of `cfg` into a pipeline."""
     allow = bool(cfg.get("allow_any_target", False))
