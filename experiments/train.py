@@ -39,7 +39,8 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, default_col
 from grace import Compressor, Grace, Memory, register_comm_hook
 from grace.config import check_targets, instantiate
 from grace.consistency import describe, gather_text, verify_same_on_all_ranks
-from grace.launch import exit_now, launched_externally, run_rank, spawn
+from grace.launch import (WorkerError, WorkerTimeout, exit_now, launched_externally, run_rank,
+                          spawn)
 from grace.network import COLLECTIVE_KEYS, Network, networks, overhead_time, project
 from grace.rng import stable_hash
 from grace.validation import ConfigError, check_choice, check_range
@@ -517,9 +518,13 @@ def main(cfg: DictConfig) -> float:
             spawn(train_worker, int(cfg.trainer.world_size), cfg_dict, run_dir, group,
                   backend=_backend(cfg), timeout_s=float(cfg.trainer.timeout_s),
                   collective_timeout_s=float(cfg.trainer.collective_timeout_s))
-    except KeyboardInterrupt:  # Ctrl-C: the workers are stopped; skip the slow teardown
-        print("interrupted (SIGINT): the workers were stopped", file=sys.stderr)
-        exit_now(128 + signal.SIGINT)
+    except (KeyboardInterrupt, WorkerError, WorkerTimeout) as err:
+        # the workers are stopped: say why and exit at once (the interpreter's teardown
+        # takes seconds, on a loaded machine sometimes a minute)
+        interrupted = isinstance(err, KeyboardInterrupt)
+        print("interrupted (SIGINT): the workers were stopped" if interrupted else
+              f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr)
+        exit_now(128 + signal.SIGINT if interrupted else 1)
     summary_path = os.path.join(run_dir, "summary.json")
     if os.path.exists(summary_path):
         with open(summary_path, encoding="utf-8") as f:
