@@ -37,6 +37,11 @@ class JsonlLogger:
         """What a checkpoint keeps for this logger to continue after a resume."""
         return {}
 
+    @classmethod
+    def check_options(cls, **options: Any) -> None:
+        """Raise, before any worker starts, if `options` cannot work (nothing to check
+        here; subclasses that need packages or accounts check them)."""
+
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, default=float) + "\n")
         self._file.flush()
@@ -172,6 +177,12 @@ class WandbLogger(JsonlLogger):
 
     def state_dict(self) -> dict[str, Any]:
         return {"wandb_run_id": self.run.id}
+
+    @classmethod
+    def check_options(cls, **options: Any) -> None:
+        """wandb must be installed and ``mode`` one of `WANDB_MODES`."""
+        wandb_mode(options.get("mode", "auto"))
+        import_wandb()
 
     def log(self, record: dict[str, Any]) -> None:
         super().log(record)

@@ -13,10 +13,14 @@ Without launcher variables the command spawns `trainer.world_size` local workers
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 import json
 import math
 import os
 import resource
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,15 +37,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
 from grace import Grace, GradientExchange, Need, register_comm_hook
-from grace.config import instantiate
-from grace.consistency import describe, verify_same_on_all_ranks
-from grace.launch import (exit_now, finish_process_group, init_process_group,
-                          launched_externally, spawn)
+from grace.config import check_targets, instantiate
+from grace.consistency import describe, gather_text, verify_same_on_all_ranks
+from grace.launch import (WorkerError, WorkerTimeout, exit_now, launched_externally, run_rank,
+                          spawn)
 from grace.network import (COLLECTIVE_KEYS, Network, compute_time, networks, overhead_time,
                            project)
 from grace.rng import stable_hash
 from grace.validation import ConfigError, check_choice, check_range
-from gracecomm.experiments import checkpoint
+from gracecomm.experiments import checkpoint, rundir
 from gracecomm.experiments.loggers import sweep_group
 from gracecomm.experiments.tasks import Task, make_task
 from gracecomm.experiments.torch_hooks import (AllreduceCounter, check_torch_exchange,
@@ -50,6 +54,14 @@ from gracecomm.experiments.torch_hooks import (AllreduceCounter, check_torch_exc
 SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "compress_s", "decompress_s",
                "memory_s", "comm_s", "step_s", "exchanges", *COLLECTIVE_KEYS)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def compose_config(*overrides: str) -> DictConfig:
+    """The training config with command-line style overrides, composed as the entry point
+    composes it (for tests and scripts)."""
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
 
 
 def build_grace(cfg: DictConfig) -> Grace:
@@ -62,8 +74,12 @@ def build_grace(cfg: DictConfig) -> Grace:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Fail before any worker starts: option ranges, names and pairings."""
+    """Fail before any worker starts: targets, option names, ranges and pairings, the
+    logger's set-up and the checkpoint to resume from."""
+    if not cfg.get("allow_any_target", False):
+        check_targets(cfg)
     check_scale(cfg)
+    check_trainer_options(cfg.trainer)
     t = cfg.trainer
     check_range(t.world_size, "trainer", "world_size", 1, integer=True)
     check_range(t.epochs, "trainer", "epochs", 1, integer=True)
@@ -72,6 +88,8 @@ def validate(cfg: DictConfig) -> None:
     check_range(t.momentum, "trainer", "momentum", 0.0, 1.0, high_open=True)
     check_range(t.weight_decay, "trainer", "weight_decay", 0.0)
     check_range(t.timeout_s, "trainer", "timeout_s", 0.0, low_open=True)
+    check_range(t.collective_timeout_s, "trainer", "collective_timeout_s", 0.0, low_open=True)
+    check_range(t.eval_every, "trainer", "eval_every", 1, integer=True)
     if t.max_steps is not None:
         check_range(t.max_steps, "trainer", "max_steps", 1, integer=True)
     check_choice(t.backend, ("auto", "gloo", "nccl"), "trainer", "backend")
@@ -87,10 +105,41 @@ def validate(cfg: DictConfig) -> None:
                           "use trainer.device=cpu or auto")
     configured_networks(cfg)
     check_model_fits_data(cfg)
+    check_logger(cfg.logger)
     check_range(t.checkpoint_every, "trainer", "checkpoint_every", 0, integer=True)
-    if t.resume and checkpoint.latest(t.resume) is None:
-        raise ConfigError(f"trainer: option 'resume' is {t.resume!r}, which holds no "
-                          f"checkpoint ({checkpoint.path_for(t.resume, 0).name} is missing)")
+    if t.resume and launched_externally():  # the manifest and this process's rank's file
+        checkpoint.manifest(t.resume, int(os.environ["WORLD_SIZE"]), [int(os.environ["RANK"])])
+    elif t.resume:  # the manifest and every rank's file
+        checkpoint.manifest(t.resume, int(t.world_size))
+
+
+def check_trainer_options(trainer: DictConfig) -> None:
+    """Every ``trainer.*`` option must be one the trainer configs declare (a mistyped
+    ``+trainer.lrr=0.1`` would otherwise be ignored)."""
+    known = sorted({key for path in (CONFIG_DIR / "trainer").glob("*.yaml")
+                    for key in OmegaConf.load(path)})
+    for key in trainer:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"trainer: unknown option '{key}'{hint}; the options are "
+                              f"{', '.join(known)}")
+
+
+def check_logger(logger: DictConfig) -> None:
+    """The logger's options must match its class, and the class must accept their values
+    (``logger=wandb`` needs wandb installed and a valid ``mode``), before any worker starts:
+    the logger itself is only created on rank 0 once training begins."""
+    cls = get_class(logger._target_)
+    options = {str(k): v for k, v in logger.items() if k != "_target_"}
+    try:
+        inspect.signature(cls).bind(run_dir="", run_config={}, **options)
+    except TypeError as err:
+        raise ConfigError(f"logger '{cls.__name__}': {err}; its options are "
+                          f"{', '.join(list(inspect.signature(cls).parameters)[2:])}") from None
+    check = getattr(cls, "check_options", None)
+    if check is not None:
+        check(**options)
 
 
 def check_scale(cfg: DictConfig) -> None:
@@ -241,6 +290,8 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                  group: str | None) -> None:
     """One rank's training loop (also the body of a torchrun process)."""
     cfg = OmegaConf.create(cfg_dict)
+    if dist.is_initialized():  # under torchrun every rank named its own; rank 0's counts
+        run_dir = gather_text(run_dir)[0]
     allow = bool(cfg.get("allow_any_target", False))
     device = _device(cfg, rank)
     torch.manual_seed(cfg.seed)
@@ -255,9 +306,10 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     fingerprint = str(stable_hash(sorted(parts.items())))
     optimizer, decay = make_optimizer(cfg, model, grace)
     position, totals = checkpoint.Position(), dict.fromkeys(SUMMED_KEYS, 0.0)
-    resumed = None
+    resumed, source = None, f"checkpoint {t.resume} (rank {rank})"
     if t.resume:
         resumed = checkpoint.load(t.resume, rank, world_size, fingerprint)
+        checkpoint.check_shapes(resumed, model, source)
         model.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
         grace.load_state_dict(resumed["grace"])
@@ -284,6 +336,10 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     sampler = DistributedSampler(data.train, num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=cfg.seed)
     loader = DataLoader(data.train, batch_size=t.batch_size, sampler=sampler, drop_last=False)
+    if resumed is not None:
+        position.check(len(loader), source)
+    verify_same_on_all_ranks({"resume position": describe(vars(position) if resumed else None)})
+    saved_epoch = position.epoch
     if position.batch >= len(loader):  # saved at the end of an epoch
         position = checkpoint.Position(position.step, position.epoch + 1, 0)
     if Need.OWNS_MOMENTUM in grace.needs and rank == 0:
@@ -294,6 +350,10 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     if t.max_steps is not None:
         total_steps = min(total_steps, int(t.max_steps))
     checkpoint_dir = t.checkpoint_dir or os.path.join(run_dir, "checkpoints")
+    if resumed is not None and position.step >= total_steps and rank == 0:
+        print(f"{t.resume} holds the end of this run (step {position.step} of {total_steps}): "
+              "nothing left to train, evaluating it (raise trainer.epochs or trainer.max_steps "
+              "to train further)", flush=True)
     logger = None
     if rank == 0:
         logger = instantiate(cfg.logger, run_dir=run_dir, group=group,
@@ -310,6 +370,16 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
         checkpoint.save(checkpoint_dir, rank, world_size, at, model, optimizer,
                         grace.state_dict(), totals, fingerprint,
                         logger.state_dict() if logger is not None else {})
+
+    def evaluate_now(epoch: int) -> dict[str, float]:
+        if not per_bucket:
+            broadcast_state(model, parameters=False)
+        evals = evaluate(model, data.test, task, rank, world_size, device, t.batch_size)
+        evals["state_bytes"] = tensor_bytes(grace.state_dict())
+        evals["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if logger is not None:
+            logger.log({"type": "eval", "step": step, "epoch": epoch, **evals})
+        return evals
 
     step, evals, save_at = position.step, {}, None
     for epoch in range(position.epoch, t.epochs):
@@ -357,15 +427,11 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                 progress.set_postfix(loss=f"{loss_value:.3f}", ratio=f"{stats.get('ratio', 1):.1f}x")
                 progress.update(1)
         if (epoch + 1) % t.eval_every == 0 or epoch == t.epochs - 1 or step >= total_steps:
-            if not per_bucket:
-                broadcast_state(model, parameters=False)
-            evals = evaluate(model, data.test, task, rank, world_size, device, t.batch_size)
-            evals["state_bytes"] = tensor_bytes(grace.state_dict())
-            evals["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            if logger is not None:
-                logger.log({"type": "eval", "step": step, "epoch": epoch, **evals})
+            evals = evaluate_now(epoch)
         if save_at is not None:
             save(save_at)
+    if not evals:  # resumed from the end of the run
+        evals = evaluate_now(saved_epoch)
     if progress is not None:
         progress.close()
     summary = _summary(totals, step, world_size, device, nets)
@@ -492,18 +558,24 @@ def main(cfg: DictConfig) -> float | tuple[float, ...]:
     run_dir = HydraConfig.get().runtime.output_dir
     group = _sweep_group()
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-    if launched_externally():
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        init_process_group(_backend(cfg), rank, world_size, timeout_s=cfg.trainer.collective_timeout_s)
-        try:
-            train_worker(rank, world_size, cfg_dict, run_dir, group)
-        finally:
-            finish_process_group()
-        exit_now()  # as spawned workers do: no teardown abort after a finished run
-    else:
-        spawn(train_worker, int(cfg.trainer.world_size), cfg_dict, run_dir, group,
-              backend=_backend(cfg), timeout_s=float(cfg.trainer.timeout_s),
-              collective_timeout_s=float(cfg.trainer.collective_timeout_s))
+    if launched_externally():  # run this rank and exit, as spawned workers do
+        rank = int(os.environ["RANK"])
+        with rundir.claim(run_dir) if rank == 0 else contextlib.nullcontext():
+            run_rank(train_worker, rank, int(os.environ["WORLD_SIZE"]),
+                     (cfg_dict, run_dir, group), backend=_backend(cfg),
+                     collective_timeout_s=float(cfg.trainer.collective_timeout_s))
+    try:
+        with rundir.claim(run_dir):
+            spawn(train_worker, int(cfg.trainer.world_size), cfg_dict, run_dir, group,
+                  backend=_backend(cfg), timeout_s=float(cfg.trainer.timeout_s),
+                  collective_timeout_s=float(cfg.trainer.collective_timeout_s))
+    except (KeyboardInterrupt, WorkerError, WorkerTimeout) as err:
+        # the workers are stopped: say why and exit at once (the interpreter's teardown
+        # takes seconds, on a loaded machine sometimes a minute)
+        interrupted = isinstance(err, KeyboardInterrupt)
+        print("interrupted (SIGINT): the workers were stopped" if interrupted else
+              f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr)
+        exit_now(128 + signal.SIGINT if interrupted else 1)
     summary_path = os.path.join(run_dir, "summary.json")
     summary = {}
     if os.path.exists(summary_path):

@@ -27,7 +27,8 @@ def describe(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _gather_text(text: str, group: Any) -> list[str]:
+def gather_text(text: str, group: Any = None) -> list[str]:
+    """Every rank's `text` (UTF-8 bytes in fixed-size tensors, never pickled)."""
     data = torch.tensor(list(text.encode()), dtype=torch.uint8)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
     dist.all_gather(sizes, torch.tensor([data.numel()]), group=group)
@@ -52,7 +53,7 @@ def verify_same_on_all_ranks(parts: Mapping[str, str], group: Any = None) -> Non
     problems = []
     for i, name in enumerate(names):
         if len({int(g[i]) for g in gathered}) > 1:
-            texts = _gather_text(parts[name], group)
+            texts = gather_text(parts[name], group)
             shown = "; ".join(f"rank {r}: {t[:_SHOWN]}" for r, t in enumerate(texts))
             problems.append(f"'{name}' differs between ranks ({shown})")
     if problems:

@@ -1,27 +1,50 @@
 """Starting and joining process groups: local workers on Gloo over loopback, or the group a
 launcher such as `torchrun` prepared. torch.distributed is the engine; this only wires it up.
 
-Every wait is bounded: `spawn` kills all workers and raises when they outlive `timeout_s`,
-and process groups are created with a collective timeout so a dead peer ends the run with
-an error instead of a hang.
+Every wait is bounded and every failure is named within seconds:
+
+- a rank whose code raises reports its traceback to the launcher at once (local workers:
+  through a pipe; under torchrun: on stderr and in torchrun's error file) and exits without
+  waiting for its peers, so a peer blocked in a collective cannot hide the error;
+- `spawn` stops every worker as soon as one fails and raises the *first* failure: an error
+  raised by a rank's own code before a peer's lost connection, and a rank that died
+  silently before the peers that lost it; when a rank times out in a collective while
+  another rank is alive and silent, the silent rank is named as the hung one;
+- workers end with their launcher: they exit on SIGINT even while blocked in a collective,
+  and within a fraction of a second after the launcher dies (SIGTERM, SIGKILL);
+- process groups are created with a collective timeout, so a hung peer ends the run after
+  that timeout instead of never.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import select
+import signal
 import socket
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from multiprocessing.connection import Connection, wait
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-_GRACE_S = 3.0  # after a worker fails: seconds for the others to stop, then SIGTERM, SIGKILL
+_POLL_S = 0.25  # how often a worker checks that its launcher is alive
+_SETTLE_S = 0.5  # after a failure: time for causally earlier reports to arrive
+_REPORT_CHARS = 20_000  # tail of a traceback sent to the launcher
+# Gloo raises plain RuntimeErrors; these say a peer went away or did not answer
+_COMM_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                 "Timed out", "/gloo/transport/")
+_TIMEOUT_MARKERS = ("Timed out", "timed out", "timeout")
 
 
 class WorkerTimeout(TimeoutError):
@@ -46,17 +69,22 @@ def free_port() -> int:
 def init_process_group(backend: str, rank: int, world_size: int, *, timeout_s: float,
                        master_port: int | None = None) -> None:
     """Join a process group. With `master_port`, a local group on 127.0.0.1; otherwise the
-    launcher's environment (MASTER_ADDR, MASTER_PORT) is used."""
+    launcher's environment (MASTER_ADDR, MASTER_PORT) is used. ``nccl`` carries CUDA
+    tensors; CPU tensors (start-up consistency checks, checkpoint manifests) go over Gloo
+    in the same group, which NCCL alone would refuse."""
     if master_port is not None:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(master_port)
+    if backend == "nccl":
+        backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
 
 
 def finish_process_group() -> None:
-    """Wait for every rank, then destroy the group (tearing down connections a peer still
-    uses makes Gloo abort at exit)."""
+    """After a successful run: wait for every rank, then destroy the group (tearing down
+    connections a peer still uses makes Gloo abort at exit). Never call it after an error:
+    the peers may be blocked in another collective and the barrier would wait for them."""
     if dist.is_initialized():
         try:
             dist.barrier()
@@ -64,64 +92,236 @@ def finish_process_group() -> None:
             dist.destroy_process_group()
 
 
-def _worker(rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str,
-            timeout_s: float, threads: int, args: tuple[Any, ...]) -> None:
-    torch.set_num_threads(threads)
-    init_process_group(backend, rank, world_size, timeout_s=timeout_s, master_port=port)
-    try:
-        fn(rank, world_size, *args)
-    finally:
-        finish_process_group()
-    exit_now()
-
-
-def exit_now(code: int = 0) -> None:
-    """End a worker whose work is done and whose process group is destroyed, skipping the
-    interpreter's teardown: C++ threads of communication and kernel libraries (Gloo,
-    numba's thread pool) are sometimes still joinable when static destructors run, and the
-    process then aborts ("terminate called without an active exception") after a
-    successful run."""
+def exit_now(code: int = 0) -> NoReturn:
+    """End a worker whose work is done, skipping the interpreter's teardown: C++ threads of
+    communication and kernel libraries (Gloo, numba's thread pool) are sometimes still
+    joinable when static destructors run, and the process then aborts ("terminate called
+    without an active exception") after a successful run."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel sends SIGKILL to this process when its parent dies (even if this
+    process is stopped or blocked in C++)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the watchdog polls
+            pass
+
+
+def end_with_launcher(launcher_pid: int, rank: int, *, kernel: bool = False) -> None:
+    """Make this rank end promptly when its launcher goes away or interrupts it: a daemon
+    thread exits the process on SIGINT (Python would raise KeyboardInterrupt only once the
+    main thread leaves a blocking collective) and when the parent is no longer
+    `launcher_pid`. With `kernel` (the launcher started this process from the thread that
+    waits for it) the kernel also kills it when the launcher dies. Call from the main
+    thread, before any collective."""
+    if kernel:
+        _die_with_parent()
+    if os.getppid() != launcher_pid:  # the launcher died before we could watch it
+        exit_now(1)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            ready, _, _ = select.select([wake_r], [], [], _POLL_S)
+            if ready and signal.SIGINT in os.read(wake_r, 64):
+                print(f"rank {rank}: interrupted (SIGINT), exiting", file=sys.stderr)
+                exit_now(128 + signal.SIGINT)
+            if os.getppid() != launcher_pid:
+                exit_now(1)
+
+    threading.Thread(target=watch, name="grace-launcher-watch", daemon=True).start()
+
+
+def failure_kind(err: BaseException) -> str:
+    """``timeout``: a peer did not answer within the collective timeout; ``lost``: a peer
+    went away (both usually the consequence of another rank's failure or hang); ``error``:
+    a failure of this rank's own code."""
+    message = str(err)
+    if not (isinstance(err, dist.DistError) or (
+            isinstance(err, RuntimeError) and any(m in message for m in _COMM_MARKERS))):
+        return "error"
+    return "timeout" if any(m in message for m in _TIMEOUT_MARKERS) else "lost"
+
+
+@dataclass
+class _Report:
+    """What a failed rank tells its launcher (sent through a pipe, plain values only)."""
+
+    rank: int
+    at: float  # time.monotonic(): one clock for all processes of a machine
+    kind: str  # see `failure_kind`
+    text: str
+
+
+def run_rank(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any, ...], *,
+             backend: str, collective_timeout_s: float, master_port: int | None = None,
+             report: Connection | None = None) -> NoReturn:
+    """The whole life of one rank: join the group, run ``fn(rank, world_size, *args)`` and
+    exit. On success the ranks meet in a barrier; on an error this rank reports it at once
+    (to `report`, a local worker's pipe to `spawn`; else on stderr and, under torchrun, in
+    its error file) and exits with code 1 without waiting for its peers. Without `report`
+    the process is under an external launcher (its parent), whose end it follows."""
+    if report is None:
+        end_with_launcher(os.getppid(), rank)
+    try:
+        init_process_group(backend, rank, world_size, timeout_s=collective_timeout_s,
+                           master_port=master_port)
+        fn(rank, world_size, *args)
+    except BaseException as err:  # noqa: BLE001 - any failure ends the rank, reported
+        failure = _Report(rank, time.monotonic(), failure_kind(err),
+                          traceback.format_exc()[-_REPORT_CHARS:])
+        if report is not None:
+            report.send(failure)
+        else:
+            print(f"rank {rank} of {world_size} failed:\n{failure.text}", file=sys.stderr)
+            _record_for_torchrun(err)
+        exit_now(1)
+    finish_process_group()
+    exit_now()
+
+
+def _record_for_torchrun(err: BaseException) -> None:
+    """Write torchrun's error file (TORCHELASTIC_ERROR_FILE), so that its summary shows this
+    rank's exception as the root cause."""
+    if "TORCHELASTIC_ERROR_FILE" not in os.environ:
+        return
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+        handler = get_error_handler()
+        handler.initialize()
+        handler.record_exception(err)
+    except Exception:  # noqa: BLE001 - the error is already on stderr  # pragma: no cover
+        pass
+
+
+def _spawned(rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str,
+             collective_timeout_s: float, threads: int, launcher_pid: int, report: Connection,
+             args: tuple[Any, ...]) -> None:
+    end_with_launcher(launcher_pid, rank, kernel=True)
+    torch.set_num_threads(threads)
+    run_rank(fn, rank, world_size, args, backend=backend,
+             collective_timeout_s=collective_timeout_s, master_port=port, report=report)
+
+
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
           timeout_s: float = 300.0, collective_timeout_s: float | None = None) -> None:
     """Run ``fn(rank, world_size, *args)`` in `world_size` fresh processes joined in a
-    process group on 127.0.0.1. `fn` must be importable (module level). Raises if a worker
-    fails (with its traceback) or if the workers together exceed `timeout_s`."""
+    process group on 127.0.0.1. `fn` must be importable (module level). Raises
+    `WorkerError` naming the first rank that failed, with its traceback, as soon as one
+    fails (the others are killed), or `WorkerTimeout` if the workers together exceed
+    `timeout_s`."""
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
+    collective_timeout_s = collective_timeout_s or timeout_s
     threads = max(1, (os.cpu_count() or 1) // world_size)
     if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
         # inside a launcher's worker (joblib's loky): a spawned child reads the start method
         # from its parent and cannot find loky's, so fall back to the standard one
         mp.set_start_method("spawn", force=True)
-    ctx = mp.start_processes(
-        _worker, nprocs=world_size, join=False, start_method="spawn",
-        args=(fn, world_size, free_port(), backend,
-              collective_timeout_s or timeout_s, threads, args))
-    deadline = time.monotonic() + timeout_s
+    ctx = mp.get_context("spawn")
+    port, procs, readers = free_port(), [], []
     try:
-        while not ctx.join(timeout=min(1.0, max(0.0, deadline - time.monotonic())),
-                           grace_period=_GRACE_S):
-            if time.monotonic() >= deadline:
-                raise WorkerTimeout(f"{world_size} local workers did not finish within "
-                                    f"{timeout_s:.0f} s; killed them")
-    except mp.ProcessExitedException as err:
-        how = (f"was killed by signal {err.signal_name}" if err.signal_name
-               else f"exited with code {err.exit_code}")
-        raise WorkerError(f"worker rank {err.error_index} of {world_size} {how} without "
-                          "reporting an error; the other workers were stopped") from None
-    except mp.ProcessRaisedException as err:
-        hint = ("\n(A peer did not answer within the collective timeout: it died, hung or is "
-                "too slow; raise trainer.collective_timeout_s if it is only slow.)"
-                if "Timed out" in str(err) else "")
-        raise WorkerError(f"worker rank {err.error_index} of {world_size} failed and the other "
-                          f"workers were stopped. Its error:\n{err}{hint}") from None
+        for rank in range(world_size):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_spawned, name=f"grace-rank{rank}", args=(
+                rank, fn, world_size, port, backend, collective_timeout_s, threads,
+                os.getpid(), writer, args))
+            proc.start()
+            writer.close()
+            procs.append(proc)
+            readers.append(reader)
+        failures = _watch(procs, readers, time.monotonic() + timeout_s)
+        if failures:
+            message = _describe(failures, procs, collective_timeout_s)
+            for proc in procs:
+                proc.kill()
+            raise WorkerError(message)
+        if any(proc.is_alive() for proc in procs):
+            raise WorkerTimeout(f"{world_size} local workers did not finish within "
+                                f"{timeout_s:.0f} s; killed them")
     finally:
-        for proc in ctx.processes:
+        for proc in procs:
             if proc.is_alive():
                 proc.kill()
+            proc.join()
+        for reader in readers:
+            reader.close()
+
+
+def _watch(procs: list[Any], readers: list[Connection],
+           deadline: float) -> list[_Report | tuple[int, int]] | None:
+    """Wait until every worker exited successfully (None), the deadline passed (None, some
+    alive), or a worker failed: then, after `_SETTLE_S` for reports that precede it, every
+    failure seen (reports, and (rank, exit code) of ranks that died without one)."""
+    failures: list[_Report | tuple[int, int]] = []
+    reported: set[int] = set()
+    open_readers = list(readers)
+    settle_until = None
+    while True:
+        now = time.monotonic()
+        if settle_until is not None and now >= settle_until:
+            return failures
+        if all(not p.is_alive() for p in procs) and not open_readers:
+            return failures or None
+        if settle_until is None and now >= deadline:
+            return None
+        limit = settle_until if settle_until is not None else deadline
+        ready = wait([*open_readers, *(p.sentinel for p in procs if p.exitcode is None)],
+                     timeout=min(1.0, max(0.0, limit - now)))
+        for reader in [r for r in open_readers if r in ready or r.poll()]:
+            try:
+                report = reader.recv()
+            except (EOFError, OSError):  # the worker exited; nothing (more) to say
+                open_readers.remove(reader)
+                continue
+            failures.append(report)
+            reported.add(report.rank)
+        for rank, proc in enumerate(procs):
+            if proc.sentinel in ready:
                 proc.join()
+                if proc.exitcode != 0 and rank not in reported:
+                    failures.append((rank, proc.exitcode))
+                    reported.add(rank)
+        if failures and settle_until is None:
+            settle_until = time.monotonic() + _SETTLE_S
+
+
+def _describe(failures: list[_Report | tuple[int, int]], procs: list[Any],
+              collective_timeout_s: float) -> str:
+    """The first failure, in order of blame: an error of a rank's own code (earliest
+    first), then a rank that died without a report, then a lost or timed-out connection
+    (naming the ranks still alive that never answered)."""
+    world_size = len(procs)
+    own = sorted((f for f in failures if isinstance(f, _Report) and f.kind == "error"),
+                 key=lambda f: f.at)
+    silent = [f for f in failures if not isinstance(f, _Report)]
+    lost = sorted((f for f in failures if isinstance(f, _Report) and f.kind != "error"),
+                  key=lambda f: f.at)
+    if own:
+        f = own[0]
+        return (f"worker rank {f.rank} of {world_size} failed and the other workers were "
+                f"stopped. Its error:\n{f.text}")
+    if silent:
+        rank, code = silent[0]
+        how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+               else f"exited with code {code}")
+        return (f"worker rank {rank} of {world_size} {how} without reporting an error; "
+                "the other workers were stopped")
+    f = lost[0]
+    failed = {g.rank for g in lost}
+    hung = [r for r, p in enumerate(procs) if r not in failed and p.is_alive()]
+    if hung and f.kind == "timeout":
+        names = ", ".join(map(str, hung))
+        return (f"worker rank {names} of {world_size} did not answer within the collective "
+                f"timeout ({collective_timeout_s:g} s) and was still running: it hung, was "
+                "stopped or is too slow (raise trainer.collective_timeout_s if it is only "
+                f"slow). The other workers were stopped. Rank {f.rank} reported:\n{f.text}")
+    return (f"worker rank {f.rank} of {world_size} lost its connection to a peer and the "
+            f"other workers were stopped. Its error:\n{f.text}")

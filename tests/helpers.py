@@ -6,18 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
-
 from grace.launch import spawn
+from gracecomm.experiments.train import compose_config as compose_train  # noqa: F401
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-def compose_train(*overrides: str) -> DictConfig:
-    """The training config with command-line style overrides."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any,

@@ -78,10 +78,17 @@ def segment(y: torch.Tensor, pieces: int, min_points: int) -> list[int]:
     return bounds[:-1]
 
 
+def least_squares(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x minimising ||a x - b|| for a full-rank `a`, by Householder QR (LAPACK's gels; never
+    normal equations). Not torch's CPU default, gelsy: torch hands gelsy an uninitialised
+    pivot array, which gelsy reads as preset pivots, so repeated calls on the same input
+    differ in the last bits (and a fit that branches on them, in more)."""
+    return torch.linalg.lstsq(a, b.unsqueeze(1), driver="gels").solution.view(-1)
+
+
 def poly_fit(y: torch.Tensor, degree: int) -> torch.Tensor:
-    """Least-squares coefficients (QR based, never normal equations) of one piece."""
-    v = vandermonde(y.numel(), degree, y.device)
-    return torch.linalg.lstsq(v, y.unsqueeze(1).to(torch.float64)).solution.view(-1)
+    """Least-squares coefficients of one piece."""
+    return least_squares(vandermonde(y.numel(), degree, y.device), y.to(torch.float64))
 
 
 def poly_eval(coef: torch.Tensor, length: int) -> torch.Tensor:
@@ -196,7 +203,7 @@ def dexp_eval(theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def log_linear(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """(A, B) of the least-squares line log y = log A + B x (y > 0)."""
     v = torch.stack([torch.ones_like(x), x], dim=1)
-    sol = torch.linalg.lstsq(v, torch.log(y).unsqueeze(1)).solution.view(-1)
+    sol = least_squares(v, torch.log(y))
     return math.exp(float(sol[0])), float(sol[1])
 
 
@@ -223,7 +230,7 @@ def dexp_fit(y: torch.Tensor, steps: int) -> torch.Tensor:
         scale = torch.sqrt((jac**2).sum(0)).clamp_min(1e-12)
         system = torch.cat([jac, math.sqrt(damping) * torch.diag(scale)])
         rhs = torch.cat([resid, torch.zeros(4, dtype=torch.float64, device=y.device)])
-        step = torch.linalg.lstsq(system, rhs.unsqueeze(1)).solution.view(-1)
+        step = least_squares(system, rhs)
         trial = theta + step
         trial_cost = float(((y - dexp_eval(trial, x)) ** 2).sum())
         if math.isfinite(trial_cost) and trial_cost < cost:

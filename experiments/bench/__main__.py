@@ -7,18 +7,33 @@ import os
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
 from grace.plugins import import_submodules
-from grace.validation import check_choice
-from gracecomm.experiments.bench import SUITES
+from grace.validation import ConfigError, check_choice
+from gracecomm.experiments import rundir  # noqa: F401 - registers ${run_token:}
+from gracecomm.experiments.bench import SUITE_OPTIONS, SUITES
 from gracecomm.experiments.bench.table import format_table
+
+
+def check_overrides(name: str, overrides: list[str]) -> None:
+    """Refuse a command-line option that suite `name` would not read (``sizes=[...]`` with
+    ``suite=quantizers``, whose sizes are ``+quantizers.sizes``)."""
+    allowed = SUITE_OPTIONS[name]
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group.split(".")[0]
+        if key not in allowed:
+            raise ConfigError(f"bench: option '{key}' is not read by suite '{name}', which "
+                              f"reads {', '.join(allowed)}; options of one suite go under its "
+                              f"name (e.g. +{name}.{key}=...)")
 
 
 @hydra.main(version_base="1.3", config_path="../../configs", config_name="bench")
 def main(cfg: DictConfig) -> None:
     import_submodules("gracecomm.experiments.bench")
     check_choice(cfg.suite, sorted(SUITES), "bench", "suite")
+    check_overrides(cfg.suite, list(HydraConfig.get().overrides.task))
     records = SUITES[cfg.suite](cfg)
     out = os.path.join(HydraConfig.get().runtime.output_dir, "bench.json")
     with open(out, "w", encoding="utf-8") as f:

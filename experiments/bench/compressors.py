@@ -206,7 +206,8 @@ def quality_band(values: list[float]) -> Record:
             "quality_p95": float(torch.quantile(late, 0.95))}
 
 
-@suite("compressors")
+@suite("compressors", options=("methods", "sizes", "ratios", "distributions", "gradients",
+                                "capture", "steps"))
 def run(cfg: DictConfig) -> list[Record]:
     records: list[Record] = []
     steps = max(1, int(cfg.get("steps", 1)))

@@ -1,0 +1,62 @@
+"""Run directories that two runs never share.
+
+Hydra names a run's directory after the second it started; two runs started in the same
+second (with the same compressor) would write the same directory and the second would
+overwrite the first one's metrics and summary. So the default directories of
+``configs/train.yaml`` and ``configs/bench.yaml`` end in ``${run_token:}``, a name part that
+differs between runs that exist at the same time, and a run holds a lock on its directory
+while it lives (`claim`), which also stops two runs given the same ``hydra.run.dir`` at once.
+Importing this module registers the ``run_token`` resolver.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from grace.launch import launched_externally
+from grace.validation import ConfigError
+
+TOKEN_VAR = "GRACECOMM_RUN_TOKEN"
+
+
+def run_token() -> str:
+    """Under torchrun, ``p`` and the master port: every rank of a job shares it and no other
+    job can hold it on that host at the same time. Otherwise the launching process's id,
+    kept in the environment so that processes it starts (Hydra launchers) name the same
+    directory."""
+    if launched_externally():
+        return f"p{os.environ['MASTER_PORT']}"
+    return os.environ.setdefault(TOKEN_VAR, str(os.getpid()))
+
+
+OmegaConf.register_new_resolver("run_token", run_token, replace=True)
+
+
+@contextmanager
+def claim(run_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive lock on `run_dir` (created if needed) for the life of the block or
+    of the process; `ConfigError` at once if another live run holds it. The lock (flock on
+    the directory) goes with the process, however it ends, and leaves no file behind."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: the run token alone keeps runs apart
+        yield
+        return
+    folder = Path(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(f"run directory {folder} is in use by another run that is still "
+                          "running; give this run its own hydra.run.dir") from None
+    try:
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,23 @@
+"""The reliability suite's cases (`gracecomm.experiments.reliability`) as tests: every case
+that starts no training run, and the timed faults of local workers (spawned functions, not
+training runs). The whole suite, training runs included, is one command:
+``python -m gracecomm.experiments.reliability``."""
+
+from __future__ import annotations
+
+import pytest
+
+from gracecomm.experiments.reliability import CASES, Case
+
+TIMED = {"failing_rank_is_named_within_seconds", "killed_rank_is_named_within_seconds",
+         "hung_rank_is_named_after_the_collective_timeout"}
+CHOSEN = [c for c in CASES if not c.slow or c.name in TIMED]
+
+
+def test_the_timed_faults_exist():
+    assert TIMED <= {c.name for c in CASES}
+
+
+@pytest.mark.parametrize("case", CHOSEN, ids=[c.name for c in CHOSEN])
+def test_case(case: Case, tmp_path):
+    assert case.fn(tmp_path)
