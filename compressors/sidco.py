@@ -26,7 +26,7 @@ import torch
 from scipy import special
 
 from grace.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
-from grace.exceedance import Moments, above, moments, rounded, select
+from grace.exceedance import Moments, above, moments, rounded, select, top_k_of
 from grace.registry import COMPRESSORS
 from grace.validation import ConfigError, check_choice, check_range
 
@@ -312,14 +312,14 @@ class SIDCo(ThresholdSparsifier):
             return Selection(select(x, above(0.0, x.dtype), self.backend, first.count),
                              threshold=0.0, fallback="nonzeros")
         if d < math.ceil(1.0 / self.ratio) or d < self.min_numel:  # G3
-            return exact_topk(x, k)
+            return exact_topk(x, k, backend=self.backend)
         stages = self.adapter(name).stages
         eta, used, exact = self.threshold(x, first, k, stages)
         if exact is not None:
             self.observe(name, exact.indices.numel(), k)
             return exact
         if not (math.isfinite(eta) and eta > 0.0):  # G7: degenerate fit
-            return exact_topk(x, k, fallback="degenerate")
+            return exact_topk(x, k, "degenerate", self.backend)
         indices = select(x, eta, self.backend, expected=k)
         k_hat = indices.numel()
         self.observe(name, k_hat, k)
@@ -327,8 +327,7 @@ class SIDCo(ThresholdSparsifier):
         if k_hat == 0:  # G7: nothing reached the threshold
             indices, fallback = x.abs().argmax().view(1), "argmax"
         elif self.max_overshoot is not None and k_hat > self.max_overshoot * k:
-            top = torch.topk(x.index_select(0, indices).abs(), k, sorted=False).indices
-            indices, fallback = indices[top], "overshoot"
+            indices, fallback = top_k_of(x, indices, k, self.backend), "overshoot"
         return Selection(indices, threshold=eta, stages=used, fallback=fallback)
 
     def threshold(self, x: torch.Tensor, first: Moments, k: int, stages: int
@@ -342,7 +341,7 @@ class SIDCo(ThresholdSparsifier):
         t = self.first_threshold(x, Moments(n, first.s1, first.s2),
                                  density if single else delta1)
         if t is None:  # G4: degenerate gamma fit (constant magnitudes)
-            return math.nan, 1, exact_topk(x, k, fallback="gamma")
+            return math.nan, 1, exact_topk(x, k, "gamma", self.backend)
         eta = rounded(t, x.dtype)
         if single:
             return eta, 1, None
@@ -354,9 +353,9 @@ class SIDCo(ThresholdSparsifier):
                 break
             if exceed.count < EXACT_BELOW:  # G6: exact inside the small exceedance set
                 idx = select(x, above(eta, x.dtype), self.backend, exceed.count)
-                top = torch.topk(x.index_select(0, idx).abs(), k, sorted=False)
-                kth = float(top.values.min())
-                return kth, m, Selection(idx[top.indices], kth, m, fallback="exact")
+                idx = top_k_of(x, idx, k, self.backend)
+                kth = float(x.index_select(0, idx).abs().min())
+                return kth, m, Selection(idx, kth, m, fallback="exact")
             if self.stage_ratio == "count_corrected":
                 rho = min(1.0, (k / exceed.count) ** (1.0 / (stages - m + 1)))
             eta = rounded(eta + self.tail_threshold(self.later_model, exceed, rho), x.dtype)

@@ -5,17 +5,25 @@ from __future__ import annotations
 
 import torch
 
+from grace.exceedance import check_backend, layout, top_k
 from grace.registry import COMPRESSORS
 from grace.sparse import Sparsifier
 
 
 @COMPRESSORS.register("topk")
 class TopK(Sparsifier):
-    """Exact per-tensor Top-k; k_hat = k always. Pair with residual memory."""
+    """Exact per-tensor Top-k; k_hat = k always. Pair with residual memory.
 
-    def __init__(self, ratio: float = 0.01) -> None:
+    The kept magnitudes are exactly those of ``torch.topk(|g|, k)``; among equal magnitudes
+    the lowest indices are kept, so the choice is the same on every rank and every backend.
+    ``backend``: ``auto`` (numba on CPU: a sampled threshold, one fused pass collecting the
+    candidates and an exact pick among them, `grace.exceedance.top_k`), ``numba`` or
+    ``torch`` (any device)."""
+
+    def __init__(self, ratio: float = 0.01, backend: str = "auto") -> None:
         super().__init__(ratio)
+        self.backend = check_backend(backend, self.label)
 
     def select(self, flat: torch.Tensor, name: str) -> torch.Tensor:
-        k = self.target_k(flat.numel())
-        return torch.topk(flat.abs(), k, sorted=False).indices
+        layout(flat, name, self.label)
+        return top_k(flat, self.target_k(flat.numel()), self.backend)
