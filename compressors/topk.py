@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from grace.compressor import Payload
 from grace.exceedance import check_backend, layout, top_k
 from grace.registry import COMPRESSORS
-from grace.sparse import Sparsifier
+from grace.sparse import Sparsifier, index_dtype
 
 
 @COMPRESSORS.register("topk")
@@ -25,5 +26,9 @@ class TopK(Sparsifier):
         self.backend = check_backend(backend, self.label)
 
     def select(self, flat: torch.Tensor, name: str) -> torch.Tensor:
+        return self.sparse_payload(flat, name)[1]
+
+    def sparse_payload(self, flat: torch.Tensor, name: str) -> Payload:
         layout(flat, name, self.label)
-        return top_k(flat, self.target_k(flat.numel()), self.backend)
+        indices, values = top_k(flat, self.target_k(flat.numel()), self.backend)
+        return values, indices.to(index_dtype(flat.numel()))

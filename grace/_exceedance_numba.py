@@ -103,13 +103,14 @@ def _compress_store(builder, values, pointer, hits):
 
 
 @intrinsic
-def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, keys, n):
+def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n):
     """Test the LANES keys of y[start:start + LANES] and append the hits' offsets (int32)
-    and keys at position n of `offsets` and `keys`; returns n plus the number of hits."""
-    sig = types.int64(y, start, mask, top, lo, span, offsets, keys, n)
+    and elements (y's bits) at position n of `offsets` and `raw`; returns n plus the number
+    of hits."""
+    sig = types.int64(y, start, mask, top, lo, span, offsets, raw, n)
 
     def codegen(context, builder, signature, args):
-        y_arg, start_v, mask_v, top_v, lo_v, span_v, off_arg, key_arg, n_v = args
+        y_arg, start_v, mask_v, top_v, lo_v, span_v, off_arg, raw_arg, n_v = args
         data = context.make_array(signature.args[0])(context, builder, y_arg).data
         element = context.get_data_type(signature.args[0].dtype)
         vt = ir.VectorType(element, LANES)
@@ -125,9 +126,9 @@ def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, keys, n):
         lane = ir.Constant(iv, [ir.Constant(i32, i) for i in range(LANES)])
         where = builder.add(_splat(builder, start_v, iv), lane)
         off_data = context.make_array(signature.args[6])(context, builder, off_arg).data
-        key_data = context.make_array(signature.args[7])(context, builder, key_arg).data
+        raw_data = context.make_array(signature.args[7])(context, builder, raw_arg).data
         _compress_store(builder, where, builder.gep(off_data, [n_v]), hits)
-        _compress_store(builder, key, builder.gep(key_data, [n_v]), hits)
+        _compress_store(builder, block, builder.gep(raw_data, [n_v]), hits)
         bits = builder.bitcast(hits, ir.IntType(LANES))
         popcount = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(bits.type, [bits.type]), f"llvm.ctpop.i{LANES}")
@@ -136,94 +137,106 @@ def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, keys, n):
     return sig, codegen
 
 
+@numba.njit(cache=True)
+def count_key(x, mask, key):  # pragma: no cover - compiled
+    """Number of elements of the key view x whose key (sign cleared) equals `key`."""
+    n = 0
+    for i in range(x.size):
+        n += (np.int64(x[i]) & mask) == key
+    return n
+
+
+STRIDE = 8 * LANES  # elements between two checks of the buffer's room
+
+
 @numba.njit(inline="always")
 def _key(v, mask, top):  # pragma: no cover - compiled
     return min(np.int64(v) & mask, top)
 
 
 @numba.njit(cache=True)
-def _chunk_collect(y, mask, top, lo, span, offsets, keys):  # pragma: no cover - compiled
-    """Hits of y: offsets (int32) and keys written while `offsets` has room for a whole
-    block, then only counted. Returns (hits, hits written)."""
+def _chunk_collect(y, mask, top, lo, span, offsets, raw):  # pragma: no cover - compiled
+    """Hits of y: offsets (int32) and elements written while `offsets` has room for a
+    whole block, then only counted. Returns (hits, hits written)."""
     n = 0
-    room = offsets.size - LANES
-    full = y.size - y.size % LANES
+    room = offsets.size - STRIDE
+    full = y.size - y.size % STRIDE
     s = 0
-    while s < full and n <= room:
-        n = _compress_block(y, s, mask, top, lo, span, offsets, keys, n)
-        s += LANES
+    while s < full and n <= room:  # room checked once per STRIDE elements
+        for b in range(s, s + STRIDE, LANES):
+            n = _compress_block(y, b, mask, top, lo, span, offsets, raw, n)
+        s += STRIDE
     written = n
     if s < full:  # out of room: count the rest
         for i in range(s, full):
             n += np.uint64(_key(y[i], mask, top) - lo) <= np.uint64(span)
     for i in range(full, y.size):
-        key = _key(y[i], mask, top)
-        if np.uint64(key - lo) <= np.uint64(span):
+        if np.uint64(_key(y[i], mask, top) - lo) <= np.uint64(span):
             if written == n and n < offsets.size:
                 offsets[n] = i
-                keys[n] = key
+                raw[n] = y[i]
                 written += 1
             n += 1
     return n, written
 
 
 @numba.njit(cache=True)
-def _fill_chunk(x, mask, top, lo, span, c, offsets, keys, counts, written):  # pragma: no cover
+def _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written):  # pragma: no cover
     """Pass 1 for chunk c: its hits into its slot of the per-chunk buffers."""
     width = offsets.size // counts.size
     counts[c], written[c] = _chunk_collect(
         x[c * CHUNK:min(x.size, (c + 1) * CHUNK)], mask, top, lo, span,
-        offsets[c * width:(c + 1) * width], keys[c * width:(c + 1) * width])
+        offsets[c * width:(c + 1) * width], raw[c * width:(c + 1) * width])
 
 
 @numba.njit(cache=True)
-def _place_chunk(x, mask, top, lo, span, c, offsets, keys, counts, written, starts,
-                 positions, out_keys):  # pragma: no cover - compiled
+def _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, starts,
+                 positions, out_raw):  # pragma: no cover - compiled
     """Pass 2 for chunk c: its hits at their place in the result, rescanning the chunk if
     its buffer overflowed."""
     width = offsets.size // counts.size
     m, o, base = counts[c], starts[c], c * CHUNK
     if written[c] < m:
-        buf_o, buf_k = np.empty(m + LANES, np.int32), np.empty(m + LANES, x.dtype)
-        _chunk_collect(x[base:min(x.size, base + CHUNK)], mask, top, lo, span, buf_o, buf_k)
+        buf_o, buf_r = np.empty(m + STRIDE, np.int32), np.empty(m + STRIDE, x.dtype)
+        _chunk_collect(x[base:min(x.size, base + CHUNK)], mask, top, lo, span, buf_o, buf_r)
     else:
-        buf_o, buf_k = offsets[c * width:c * width + m], keys[c * width:c * width + m]
+        buf_o, buf_r = offsets[c * width:c * width + m], raw[c * width:c * width + m]
     for j in range(m):
         positions[o + j] = buf_o[j] + base
-        out_keys[o + j] = buf_k[j]
+        out_raw[o + j] = buf_r[j]
 
 
 @numba.njit(parallel=True, cache=True)
-def _fill_threads(x, mask, top, lo, span, offsets, keys, counts, written):  # pragma: no cover
+def _fill_threads(x, mask, top, lo, span, offsets, raw, counts, written):  # pragma: no cover
     for c in numba.prange(counts.size):
-        _fill_chunk(x, mask, top, lo, span, c, offsets, keys, counts, written)
+        _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written)
 
 
 @numba.njit(parallel=True, cache=True)
-def _place_threads(x, mask, top, lo, span, offsets, keys, counts, written, starts, positions,
-                   out_keys):  # pragma: no cover - compiled
+def _place_threads(x, mask, top, lo, span, offsets, raw, counts, written, starts, positions,
+                   out_raw):  # pragma: no cover - compiled
     for c in numba.prange(counts.size):
-        _place_chunk(x, mask, top, lo, span, c, offsets, keys, counts, written, starts,
-                     positions, out_keys)
+        _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, starts,
+                     positions, out_raw)
 
 
 @numba.njit(cache=True)
 def collect(x, mask, top, lo, span, cap, limit, parallel):  # pragma: no cover - compiled
-    """(count, ascending int64 positions, keys) of the hits of the key view `x`; the
-    positions and keys only when count <= limit (else empty arrays). `cap` sizes the
+    """(count, ascending int64 positions, elements) of the hits of the key view `x`; the
+    positions and elements only when count <= limit (else empty arrays). `cap` sizes the
     per-chunk buffers; a chunk with more hits is rescanned into its exact slot. Chunks run
     on numba's threads with `parallel`, else in this thread."""
     chunks = (x.size + CHUNK - 1) // CHUNK
-    width = cap + LANES
+    width = cap + STRIDE
     offsets = np.empty(chunks * width, np.int32)
-    keys = np.empty(chunks * width, x.dtype)
+    raw = np.empty(chunks * width, x.dtype)
     counts = np.zeros(chunks, np.int64)
     written = np.zeros(chunks, np.int64)
     if parallel:
-        _fill_threads(x, mask, top, lo, span, offsets, keys, counts, written)
+        _fill_threads(x, mask, top, lo, span, offsets, raw, counts, written)
     else:
         for c in range(chunks):
-            _fill_chunk(x, mask, top, lo, span, c, offsets, keys, counts, written)
+            _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written)
     total = counts.sum()
     if total > limit:
         return total, np.empty(0, np.int64), np.empty(0, x.dtype)
@@ -231,15 +244,15 @@ def collect(x, mask, top, lo, span, cap, limit, parallel):  # pragma: no cover -
     for c in range(chunks):
         starts[c + 1] = starts[c] + counts[c]
     positions = np.empty(total, np.int64)
-    out_keys = np.empty(total, x.dtype)
+    out_raw = np.empty(total, x.dtype)
     if parallel:
-        _place_threads(x, mask, top, lo, span, offsets, keys, counts, written, starts,
-                       positions, out_keys)
+        _place_threads(x, mask, top, lo, span, offsets, raw, counts, written, starts,
+                       positions, out_raw)
     else:
         for c in range(chunks):
-            _place_chunk(x, mask, top, lo, span, c, offsets, keys, counts, written, starts,
-                         positions, out_keys)
-    return total, positions, out_keys
+            _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, starts,
+                         positions, out_raw)
+    return total, positions, out_raw
 
 
 RADIX = 12  # bits of key resolved per histogram round of `_kth_largest`
@@ -279,26 +292,26 @@ def _kth_largest(work, k):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def pick(positions, keys, k, mask, top):  # pragma: no cover - compiled
-    """The k positions of largest key among (positions, keys), in the given order; among
-    equal keys the earliest. Needs 0 < k <= positions.size."""
+def pick(positions, raw, k, mask, top):  # pragma: no cover - compiled
+    """(positions, elements) of the k largest keys among the elements `raw` at
+    `positions`, in the given order; among equal keys the earliest. 0 < k <= raw.size."""
     m = positions.size
     work = np.empty(m, np.int64)
     for i in range(m):
-        work[i] = _key(keys[i], mask, top)
+        work[i] = _key(raw[i], mask, top)
     v = _kth_largest(work, k)
     need = k
     for i in range(m):
-        need -= _key(keys[i], mask, top) > v
-    out = np.empty(k, positions.dtype)
+        need -= _key(raw[i], mask, top) > v
+    out, out_raw = np.empty(k, positions.dtype), np.empty(k, raw.dtype)
     j = 0
     for i in range(m):
-        key = _key(keys[i], mask, top)
+        key = _key(raw[i], mask, top)
         if key > v or (key == v and need > 0):
             need -= key == v
-            out[j] = positions[i]
+            out[j], out_raw[j] = positions[i], raw[i]
             j += 1
-    return out
+    return out, out_raw
 
 
 @numba.njit(cache=True)
@@ -315,8 +328,8 @@ def _sample(x, mask, top, s):  # pragma: no cover - compiled
 
 @numba.njit(cache=True)
 def _ties(x, mask, top, above, v, need):  # pragma: no cover - compiled
-    """Ascending merge of the positions `above` (every key > v) and the first `need`
-    positions whose key is v."""
+    """(positions, elements): the ascending merge of the positions `above` (every key > v)
+    and the first `need` positions whose key is v."""
     equal = np.empty(need, np.int64)
     j = 0
     for i in range(x.size):
@@ -334,13 +347,13 @@ def _ties(x, mask, top, above, v, need):  # pragma: no cover - compiled
         else:
             out[o] = equal[e]
             e += 1
-    return out
+    return out, x[out]
 
 
 @numba.njit(cache=True)
 def top_k(x, k, mask, top, s, parallel):  # pragma: no cover - compiled
-    """Ascending positions of the k largest keys of the key view x (0 < k < x.size);
-    among equal keys the lowest positions.
+    """(ascending positions, elements) of the k largest keys of the key view x
+    (0 < k < x.size); among equal keys the lowest positions.
 
     The threshold t is the r-th largest key of a sample of s keys, r chosen so that at
     least k keys reach t with high probability; the keys >= t are collected in one pass and
@@ -363,12 +376,12 @@ def top_k(x, k, mask, top, s, parallel):  # pragma: no cover - compiled
             t = lo + 1
         elif not lo < t < hi:
             t = lo + (hi - lo) // 2
-        count, positions, keys = collect(x, mask, top, t, top - t, cap, limit, parallel)
+        count, positions, raw = collect(x, mask, top, t, top - t, cap, limit, parallel)
         if count < k:
             hi, above, last_low = t, positions, False
             rank = min(4 * rank + 16, s + 1)
         elif count <= limit:
-            return pick(positions, keys, k, mask, top)
+            return pick(positions, raw, k, mask, top)
         else:
             lo, last_low = t, not last_low
             rank = max(1, rank // 4)

@@ -51,8 +51,8 @@ def exact_topk(x: torch.Tensor, k: int, fallback: str = "topk", backend: str = "
                ) -> Selection:
     """Exact Top-k of |x| (the guards' fallback, `grace.exceedance.top_k`); the threshold
     recorded is the k-th magnitude."""
-    indices = top_k(x, k, backend)
-    thr = float(x.index_select(0, indices).abs().min()) if k else None
+    indices, values = top_k(x, k, backend)
+    thr = float(values.abs().min()) if k else None
     return Selection(indices, threshold=thr, fallback=fallback)
 
 

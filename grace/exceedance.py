@@ -215,6 +215,14 @@ def select(x: torch.Tensor, thr: float, backend: str = "auto",
     return torch.nonzero(x.abs() >= thr).view(-1)
 
 
+def count_infinite(x: torch.Tensor) -> int:
+    """Number of +-Inf elements of the float tensor `x` (one read; numba on CPU)."""
+    lay = layout(x)
+    if use_numba_top_k("auto", x):
+        return int(_kernels().count_key(_key_view(x), lay.mask, lay.inf))
+    return int(torch.isinf(x).sum())
+
+
 def use_numba_top_k(backend: str, x: torch.Tensor) -> bool:
     """`top_k` runs the numba kernels on CPU tensors of any size (one serial call below
     `CHUNK` elements)."""
@@ -228,19 +236,22 @@ def sample_size(k: int, d: int) -> int:
     return min(d, max(256, round((16.0 * k * d) ** (1.0 / 3.0))))
 
 
-def top_k(x: torch.Tensor, k: int, backend: str = "auto") -> torch.Tensor:
-    """Flat int64 indices of the k elements of largest magnitude of the 1-D float tensor
-    `x`, ascending; exact, ties to the lowest indices (see the module docstring)."""
+def top_k(x: torch.Tensor, k: int, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, values): the flat int64 indices of the k elements of largest magnitude of
+    the 1-D float tensor `x`, ascending, and x at them; exact, ties to the lowest indices
+    (see the module docstring)."""
     d = x.numel()
     if k >= d:
-        return torch.arange(d, device=x.device)
+        return torch.arange(d, device=x.device), x.clone()
     if k <= 0:
-        return torch.empty(0, dtype=torch.int64, device=x.device)
+        return torch.empty(0, dtype=torch.int64, device=x.device), x[:0]
     lay = layout(x)
     if use_numba_top_k(backend, x):
-        return torch.from_numpy(_kernels().top_k(_key_view(x), k, lay.mask, lay.top,
-                                                 sample_size(k, d), threads(x)))
-    return _keep(magnitude_keys(x), k).nonzero().view(-1)
+        positions, raw = _kernels().top_k(_key_view(x), k, lay.mask, lay.top,
+                                          sample_size(k, d), threads(x))
+        return torch.from_numpy(positions), torch.from_numpy(raw).view(x.dtype)
+    indices = _keep(magnitude_keys(x), k).nonzero().view(-1)
+    return indices, x.index_select(0, indices)
 
 
 def top_k_of(x: torch.Tensor, indices: torch.Tensor, k: int,
@@ -252,8 +263,8 @@ def top_k_of(x: torch.Tensor, indices: torch.Tensor, k: int,
     values = x.index_select(0, indices)
     if use_numba_top_k(backend, x):
         lay = layout(x)
-        return torch.from_numpy(_kernels().pick(indices.numpy(), _key_view(values), k,
-                                                lay.mask, lay.top))
+        chosen, _ = _kernels().pick(indices.numpy(), _key_view(values), k, lay.mask, lay.top)
+        return torch.from_numpy(chosen)
     return indices[_keep(magnitude_keys(values), k)]
 
 

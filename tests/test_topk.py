@@ -55,8 +55,10 @@ def check(x: torch.Tensor, ks: list[int], backend: str) -> None:
     order = ranking(x)
     mags = x.abs().double()
     for k in ks:
-        got = exceedance.top_k(x, k, backend)
-        assert got.dtype == torch.int64
+        got, values = exceedance.top_k(x, k, backend)
+        assert got.dtype == torch.int64 and values.dtype == x.dtype
+        assert torch.equal(values.view(exceedance.KEYS[x.dtype].int_dtype),
+                           x[got].view(exceedance.KEYS[x.dtype].int_dtype))  # NaN bits too
         assert torch.equal(got, order[:k].sort().values), (x.dtype, x.numel(), k, backend)
         # the kept magnitudes are torch.topk's (NaN compared equal to NaN)
         want = torch.topk(mags, k).values.nan_to_num(nan=float("inf"), posinf=1e308)
