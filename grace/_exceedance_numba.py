@@ -103,14 +103,15 @@ def _compress_store(builder, values, pointer, hits):
 
 
 @intrinsic
-def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n):
+def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n, sparse):
     """Test the LANES keys of y[start:start + LANES] and append the hits' offsets (int32)
     and elements (y's bits) at position n of `offsets` and `raw`; returns n plus the number
-    of hits."""
-    sig = types.int64(y, start, mask, top, lo, span, offsets, raw, n)
+    of hits. With `sparse` (few hits expected) a block without hits skips the stores: a
+    predictable branch then, an unpredictable one at higher densities."""
+    sig = types.int64(y, start, mask, top, lo, span, offsets, raw, n, sparse)
 
     def codegen(context, builder, signature, args):
-        y_arg, start_v, mask_v, top_v, lo_v, span_v, off_arg, raw_arg, n_v = args
+        y_arg, start_v, mask_v, top_v, lo_v, span_v, off_arg, raw_arg, n_v, sparse_v = args
         data = context.make_array(signature.args[0])(context, builder, y_arg).data
         element = context.get_data_type(signature.args[0].dtype)
         vt = ir.VectorType(element, LANES)
@@ -127,9 +128,11 @@ def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n):
         where = builder.add(_splat(builder, start_v, iv), lane)
         off_data = context.make_array(signature.args[6])(context, builder, off_arg).data
         raw_data = context.make_array(signature.args[7])(context, builder, raw_arg).data
-        _compress_store(builder, where, builder.gep(off_data, [n_v]), hits)
-        _compress_store(builder, block, builder.gep(raw_data, [n_v]), hits)
         bits = builder.bitcast(hits, ir.IntType(LANES))
+        any_hit = builder.icmp_unsigned("!=", bits, ir.Constant(bits.type, 0))
+        with builder.if_then(builder.or_(builder.not_(sparse_v), any_hit)):
+            _compress_store(builder, where, builder.gep(off_data, [n_v]), hits)
+            _compress_store(builder, block, builder.gep(raw_data, [n_v]), hits)
         popcount = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(bits.type, [bits.type]), f"llvm.ctpop.i{LANES}")
         return builder.add(n_v, builder.zext(builder.call(popcount, [bits]), ir.IntType(64)))
@@ -147,6 +150,7 @@ def count_key(x, mask, key):  # pragma: no cover - compiled
 
 
 STRIDE = 8 * LANES  # elements between two checks of the buffer's room
+SPARSE_CAP = CHUNK // 128  # per-chunk buffers this small: hits sparse enough to branch on
 
 
 @numba.njit(inline="always")
@@ -155,7 +159,7 @@ def _key(v, mask, top):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _chunk_collect(y, mask, top, lo, span, offsets, raw):  # pragma: no cover - compiled
+def _chunk_collect(y, mask, top, lo, span, offsets, raw, sparse):  # pragma: no cover
     """Hits of y: offsets (int32) and elements written while `offsets` has room for a
     whole block, then only counted. Returns (hits, hits written)."""
     n = 0
@@ -164,7 +168,7 @@ def _chunk_collect(y, mask, top, lo, span, offsets, raw):  # pragma: no cover - 
     s = 0
     while s < full and n <= room:  # room checked once per STRIDE elements
         for b in range(s, s + STRIDE, LANES):
-            n = _compress_block(y, b, mask, top, lo, span, offsets, raw, n)
+            n = _compress_block(y, b, mask, top, lo, span, offsets, raw, n, sparse)
         s += STRIDE
     written = n
     if s < full:  # out of room: count the rest
@@ -182,11 +186,13 @@ def _chunk_collect(y, mask, top, lo, span, offsets, raw):  # pragma: no cover - 
 
 @numba.njit(cache=True)
 def _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written):  # pragma: no cover
-    """Pass 1 for chunk c: its hits into its slot of the per-chunk buffers."""
+    """Pass 1 for chunk c: its hits into its slot of the per-chunk buffers (whose size,
+    sized from the expected count, says whether hits are sparse)."""
     width = offsets.size // counts.size
     counts[c], written[c] = _chunk_collect(
         x[c * CHUNK:min(x.size, (c + 1) * CHUNK)], mask, top, lo, span,
-        offsets[c * width:(c + 1) * width], raw[c * width:(c + 1) * width])
+        offsets[c * width:(c + 1) * width], raw[c * width:(c + 1) * width],
+        width - STRIDE <= SPARSE_CAP)
 
 
 @numba.njit(cache=True)
@@ -198,7 +204,8 @@ def _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, start
     m, o, base = counts[c], starts[c], c * CHUNK
     if written[c] < m:
         buf_o, buf_r = np.empty(m + STRIDE, np.int32), np.empty(m + STRIDE, x.dtype)
-        _chunk_collect(x[base:min(x.size, base + CHUNK)], mask, top, lo, span, buf_o, buf_r)
+        _chunk_collect(x[base:min(x.size, base + CHUNK)], mask, top, lo, span, buf_o, buf_r,
+                       False)
     else:
         buf_o, buf_r = offsets[c * width:c * width + m], raw[c * width:c * width + m]
     for j in range(m):
