@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
-from grace.exceedance import CHUNK, LANES
+from grace.exceedance import CHUNK
+from grace.simd import LANES, compress_store, data_pointer, load_lanes, popcount, splat
 
 if numba.config.THREADING_LAYER == "default" and "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"
@@ -83,25 +83,6 @@ def moments(x, lo, parallel):  # pragma: no cover - compiled
 
 
 # -- selection by magnitude keys -----------------------------------------------------------
-def _splat(builder, value, vector_type):
-    """`value` (an integer) in every lane of `vector_type`."""
-    element = vector_type.element
-    if value.type.width > element.width:
-        value = builder.trunc(value, element)
-    lanes = ir.Constant(vector_type, [ir.Constant(element, 0)] * vector_type.count)
-    lanes = builder.insert_element(lanes, value, ir.Constant(ir.IntType(32), 0))
-    zeros = ir.Constant(ir.VectorType(ir.IntType(32), vector_type.count), [0] * vector_type.count)
-    return builder.shuffle_vector(lanes, lanes, zeros)
-
-
-def _compress_store(builder, values, pointer, hits):
-    """llvm.masked.compressstore: the lanes of `values` where `hits`, packed at `pointer`."""
-    fnty = ir.FunctionType(ir.VoidType(), [values.type, pointer.type, hits.type])
-    name = f"llvm.masked.compressstore.v{values.type.count}i{values.type.element.width}"
-    builder.call(cgutils.get_or_insert_function(builder.module, fnty, name),
-                 [values, pointer, hits])
-
-
 @intrinsic
 def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n, sparse):
     """Test the LANES keys of y[start:start + LANES] and append the hits' offsets (int32)
@@ -112,30 +93,25 @@ def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n, s
 
     def codegen(context, builder, signature, args):
         y_arg, start_v, mask_v, top_v, lo_v, span_v, off_arg, raw_arg, n_v, sparse_v = args
-        data = context.make_array(signature.args[0])(context, builder, y_arg).data
-        element = context.get_data_type(signature.args[0].dtype)
-        vt = ir.VectorType(element, LANES)
-        block = builder.load(builder.bitcast(builder.gep(data, [start_v]), vt.as_pointer()),
-                             align=element.width // 8)
-        key = builder.and_(block, _splat(builder, mask_v, vt))
-        top_s = _splat(builder, top_v, vt)
+        block = load_lanes(context, builder, signature.args[0], y_arg, start_v)
+        vt = block.type
+        key = builder.and_(block, splat(builder, mask_v, vt))
+        top_s = splat(builder, top_v, vt)
         key = builder.select(builder.icmp_unsigned(">", key, top_s), top_s, key)
-        hits = builder.icmp_unsigned("<=", builder.sub(key, _splat(builder, lo_v, vt)),
-                                     _splat(builder, span_v, vt))
+        hits = builder.icmp_unsigned("<=", builder.sub(key, splat(builder, lo_v, vt)),
+                                     splat(builder, span_v, vt))
         i32 = ir.IntType(32)
         iv = ir.VectorType(i32, LANES)
         lane = ir.Constant(iv, [ir.Constant(i32, i) for i in range(LANES)])
-        where = builder.add(_splat(builder, start_v, iv), lane)
-        off_data = context.make_array(signature.args[6])(context, builder, off_arg).data
-        raw_data = context.make_array(signature.args[7])(context, builder, raw_arg).data
-        bits = builder.bitcast(hits, ir.IntType(LANES))
-        any_hit = builder.icmp_unsigned("!=", bits, ir.Constant(bits.type, 0))
+        where = builder.add(splat(builder, start_v, iv), lane)
+        any_hit = builder.icmp_unsigned("!=", builder.bitcast(hits, ir.IntType(LANES)),
+                                        ir.Constant(ir.IntType(LANES), 0))
         with builder.if_then(builder.or_(builder.not_(sparse_v), any_hit)):
-            _compress_store(builder, where, builder.gep(off_data, [n_v]), hits)
-            _compress_store(builder, block, builder.gep(raw_data, [n_v]), hits)
-        popcount = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(bits.type, [bits.type]), f"llvm.ctpop.i{LANES}")
-        return builder.add(n_v, builder.zext(builder.call(popcount, [bits]), ir.IntType(64)))
+            compress_store(builder, where, data_pointer(context, builder, signature.args[6],
+                                                        off_arg, n_v), hits)
+            compress_store(builder, block, data_pointer(context, builder, signature.args[7],
+                                                        raw_arg, n_v), hits)
+        return builder.add(n_v, popcount(builder, hits))
 
     return sig, codegen
 

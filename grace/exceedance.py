@@ -50,7 +50,6 @@ from grace.validation import MissingDependency
 BACKENDS = ("auto", "torch", "numba")
 NUMBA_MIN_NUMEL = 1 << 17
 CHUNK = 1 << 16  # elements per parallel work item of the numba kernels
-LANES = 16  # keys tested as one vector by the numba selection kernels
 
 
 @dataclass(frozen=True)
