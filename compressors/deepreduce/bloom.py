@@ -149,14 +149,21 @@ class TorchBloom(BitBackend):
         return family.positions(x)
 
 
+@functools.cache
+def _kernels() -> Any:
+    """The numba kernels (imported on first use: numba is optional)."""
+    from gracecomm.compressors.deepreduce import bloom_kernels
+
+    return bloom_kernels
+
+
 class NumbaBloom:
     """The kernels of `bloom_kernels` on packed bits (CPU): one call per insert, query and
     positions, no cache."""
 
-    def __init__(self) -> None:
-        from gracecomm.compressors.deepreduce import bloom_kernels
-
-        self.kernels = bloom_kernels
+    @property
+    def kernels(self) -> Any:
+        return _kernels()
 
     def _hash(self, family: HashFamily) -> tuple[np.ndarray, int, np.uint64]:
         if family.kernel_args is None:  # families are shared (`hash_family`): once each
