@@ -6,6 +6,7 @@ import json
 import os
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -19,6 +20,7 @@ from gracecomm.experiments.bench.table import format_table
 def main(cfg: DictConfig) -> None:
     import_submodules("gracecomm.experiments.bench")
     check_choice(cfg.suite, sorted(SUITES), "bench", "suite")
+    torch.set_num_threads(int(cfg.get("threads", 1)))  # ratios of single-threaded CPU times
     records = SUITES[cfg.suite](cfg)
     out = os.path.join(HydraConfig.get().runtime.output_dir, "bench.json")
     with open(out, "w", encoding="utf-8") as f:
