@@ -7,9 +7,8 @@ The selection kernels read magnitude keys, the bit patterns of the elements with
 cleared and every NaN pattern lowered to one key above Inf (`grace.exceedance.KeyLayout`),
 through the signed integer view of the tensor (int16, int32 or int64). A key is a hit when
 lo <= key <= lo + span, tested as the unsigned comparison key - lo <= span. Blocks of `LANES`
-keys are tested as one vector and their hits written with LLVM's compress-store intrinsic
-(one AVX-512 instruction where the CPU has it, a branch-free expansion elsewhere), so the
-pass costs about one read of the tensor at any hit density.
+keys are tested as one vector and their hits written with compress-store (`grace.simd`), so
+the pass costs about one read of the tensor at any hit density.
 
 Unless the user chose a threading layer (NUMBA_THREADING_LAYER), the kernels use numba's
 ``workqueue`` layer: OpenMP worker threads keep spinning after each parallel region and, next
