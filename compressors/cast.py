@@ -1,7 +1,8 @@
 """Half-precision casts: fp16 and bf16 (2 bytes per element).
 
 Values beyond the target format's largest finite number are saturated, so a finite gradient
-never becomes Inf; the number of saturated elements is reported as ``saturated``.
+never becomes Inf; the number of saturated elements is reported as ``saturated`` (on the
+CPU; on CUDA the saturation runs without a host sync and the count is not reported).
 """
 
 from __future__ import annotations
@@ -11,27 +12,35 @@ from typing import Any, ClassVar
 import torch
 
 from grace.compressor import Compressor, Payload, TensorInfo
+from grace.exceedance import count_infinite
 from grace.registry import COMPRESSORS
+from grace.sparse import dense_empty
 from grace.validation import expect_payload
 
 
 def saturating_cast(flat: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
-    """`flat` cast to the float `dtype`, finite values beyond its range clamped to its largest
-    finite number (so a finite value never becomes Inf); returns the number clamped."""
+    """`flat` (1-D) cast to the float `dtype`, finite values beyond its range clamped to its
+    largest finite number (so a finite value never becomes Inf); returns the number clamped.
+
+    The cast runs first; only an Inf in the result can mean a clamp, so on the CPU one read
+    of the (narrower) result decides whether anything is rewritten, and nothing is in the
+    usual case. On CUDA the clamp is applied without looking (no host sync) and the count
+    reported is 0."""
     if flat.dtype == dtype:
         return flat, 0
+    out = dense_empty(flat.numel(), dtype, flat.device).copy_(flat)
+    if not flat.numel() or torch.finfo(flat.dtype).max <= torch.finfo(dtype).max:
+        return out, 0
+    on_cpu = flat.device.type == "cpu"
+    if on_cpu and count_infinite(out) == 0:
+        return out, 0
+    # clamp in float32 or wider: the limit itself may not be representable in the input
+    # dtype (65504 rounds to 65536 in bfloat16)
+    wide = flat.float() if flat.dtype.itemsize < 4 else flat
+    over = torch.isinf(out) & torch.isfinite(wide)
     limit = torch.finfo(dtype).max
-    saturated = 0
-    if flat.numel() and torch.finfo(flat.dtype).max > limit:
-        lo, hi = torch.aminmax(flat)
-        if bool(hi > limit) or bool(lo < -limit):
-            # saturate in float32 or wider: the limit itself may not be representable in the
-            # input dtype (65504 rounds to 65536 in bfloat16)
-            wide = flat.float() if flat.dtype.itemsize < 4 else flat
-            over = torch.isfinite(wide) & (wide.abs() > limit)
-            saturated = int(over.sum())
-            flat = torch.where(over, wide.sign() * limit, wide)
-    return flat.to(dtype), saturated
+    out = torch.where(over, wide.sign() * limit, wide).to(dtype)
+    return out, int(over.sum()) if on_cpu else 0
 
 
 class Cast(Compressor):
@@ -53,7 +62,8 @@ class Cast(Compressor):
 
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
         expect_payload(payload[0], ctx.numel, self.wire_dtype, f"{self.registry_name} payload")
-        return payload[0].to(ctx.dtype).view(ctx.shape)
+        out = dense_empty(ctx.numel, ctx.dtype, payload[0].device)
+        return out.copy_(payload[0].reshape(-1)).view(ctx.shape)
 
 
 @COMPRESSORS.register("fp16")

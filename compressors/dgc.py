@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from grace.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
-from grace.exceedance import above, below, count_above, select
+from grace.exceedance import above, below, count_above, select, top_k_of
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams
 from grace.validation import check_choice, check_range
@@ -75,7 +75,7 @@ class DGC(ThresholdSparsifier):
     def estimate(self, x: torch.Tensor, k: int, name: str) -> Selection:
         d = x.numel()
         if d <= math.ceil(2.0 / self.ratio) or self.sample_ratio >= 1.0:
-            return exact_topk(x, k)
+            return exact_topk(x, k, backend=self.backend)
         sample = self.sample(x, name)
         thr = float(torch.topk(sample, math.ceil(self.ratio * sample.numel()), sorted=False)
                     .values.min())
@@ -89,11 +89,10 @@ class DGC(ThresholdSparsifier):
                 break
             thr *= self.relax_factor
         indices = select(x, thr, self.backend, expected=k)
-        magnitudes = x.index_select(0, indices).abs()
-        if not bool(torch.isfinite(magnitudes).all()):  # an Inf passes every threshold
+        if not bool(torch.isfinite(x.index_select(0, indices)).all()):  # Inf passes any thr
             return self.nonfinite_input(x, name)
         if indices.numel() > self.reselect_above * k:  # hierarchical re-selection
-            indices = indices[torch.topk(magnitudes, k, sorted=False).indices]
+            indices = top_k_of(x, indices, k, self.backend)
         return Selection(indices, thr)
 
     def state_dict(self) -> dict[str, Any]:

@@ -13,9 +13,10 @@ from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams
 from grace.sparse import desparsify, index_mask
+from grace.stochastic import counter_hash, kernels_enabled, second_key
 from grace.validation import check_choice, check_ratio, num_kept
 
-_RANDPERM_LIMIT = 2**24
+SUBSET_LIMIT = 2**31  # tensors up to this size: the draws' arithmetic is exact in int64
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,57 @@ class RandomKCtx:
     indices: torch.Tensor  # identical on every rank: drawn from the shared seed
 
 
+def draws(n: int, d: int, key: int, key2: int, device: torch.device) -> torch.Tensor:
+    """The draws j(0), ..., j(n - 1) in [0, d): j(i) = floor(u d / 2^64) for the 64-bit
+    u = (mix(i, key) << 32) | mix(i, key2) of the counter generator (`grace.stochastic`), a
+    uniform index to within d / 2^64."""
+    i = torch.arange(n, dtype=torch.int64, device=device)
+    return (counter_hash(i, key) * d + ((counter_hash(i, key2) * d) >> 32)) >> 32
+
+
+def first_distinct(d: int, m: int, key: int, key2: int, device: torch.device) -> torch.Tensor:
+    """The first m distinct values of the draws, in draw order (rejection of repeats)."""
+    if m == 0:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    n = m + m // 2 + 64
+    while True:
+        j = draws(n, d, key, key2, device)
+        ordered, order = torch.sort(j, stable=True)
+        new = torch.ones(n, dtype=torch.bool, device=device)
+        new[1:] = ordered[1:] != ordered[:-1]
+        first = torch.zeros(n, dtype=torch.bool, device=device)
+        first[order[new]] = True  # the earliest draw of every value
+        count = torch.cumsum(first, 0)
+        if int(count[-1]) >= m:
+            end = int(torch.searchsorted(count, m)) + 1
+            return j[:end][first[:end]]
+        n *= 2
+
+
+def random_subset(d: int, k: int, key: int, device: torch.device) -> torch.Tensor:
+    """Ascending int64 positions of a uniformly random k-subset of range(d) for the shared
+    `key`: the first k distinct draws, or for k > d/2 all but the first d - k (so at most
+    d/2 values are ever drawn). One numba call on CPU (`grace.kernels.random_subset`, a
+    bitmap), the same positions from torch on other devices."""
+    if d >= SUBSET_LIMIT:
+        raise ValueError(f"randomk draws indices of tensors below 2**31 elements, got {d}")
+    key2 = second_key(key)
+    if kernels_enabled(device):
+        from grace.kernels import random_subset as subset_kernel
+
+        return torch.from_numpy(subset_kernel(d, k, key, key2))
+    if 2 * k <= d:
+        return torch.sort(first_distinct(d, k, key, key2, device)).values
+    keep = torch.ones(d, dtype=torch.bool, device=device)
+    keep[first_distinct(d, d - k, key, key2, device)] = False
+    return keep.nonzero().view(-1)
+
+
 @COMPRESSORS.register("randomk")
 class RandomK(Compressor):
-    """Keep k = max(1, floor(ratio * d)) indices drawn without replacement from a generator
-    seeded with H(seed, name, call count). For d > 2**24 indices are drawn with `randint` and
-    deduplicated, so slightly fewer than k may be kept (the same number on every rank).
+    """Keep k = max(1, floor(ratio * d)) indices drawn uniformly without replacement from the
+    counter generator keyed with H(seed, name, call count) (`random_subset`); indices
+    ascend, and every rank draws the same ones.
 
     `scale`: ``none`` sends the values as they are; ``unbiased`` multiplies them by d / k so
     that the compressor is unbiased (E[C(x)] = x)."""
@@ -44,18 +91,16 @@ class RandomK(Compressor):
         self.scale = check_choice(scale, ("none", "unbiased"), self.label, "scale")
         self.streams = SharedStreams(seed)
 
-    def indices(self, numel: int, name: str) -> torch.Tensor:
+    def indices(self, numel: int, name: str, device: torch.device | str = "cpu"
+                ) -> torch.Tensor:
         """The next shared index set for tensor `name` (advances its counter)."""
-        k = num_kept(numel, self.ratio)
-        gen = self.streams.generator(name)
-        if numel <= _RANDPERM_LIMIT:
-            return torch.randperm(numel, generator=gen)[:k]
-        return torch.randint(0, numel, (k,), generator=gen).unique()
+        key = self.streams.next_seed(name)
+        return random_subset(numel, num_kept(numel, self.ratio), key, torch.device(device))
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         flat = tensor.reshape(-1)
-        idx = self.indices(flat.numel(), name).to(flat.device)
-        values = flat[idx]
+        idx = self.indices(flat.numel(), name, flat.device)
+        values = flat.index_select(0, idx)
         if self.scale == "unbiased" and idx.numel():
             values = values * (flat.numel() / idx.numel())
         return (values,), RandomKCtx(TensorInfo.of(tensor), idx)

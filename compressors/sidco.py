@@ -12,8 +12,11 @@ The threshold for density rho is the (1 - rho) quantile of the fitted model of |
 Multi-stage peaks-over-threshold (Sec. 2.3, spec 4.2): stage 1 fits all nonzero magnitudes at
 density delta_1 = 0.25; each later stage refits only the exceedances of the previous threshold,
 shifted by it: eta_m = eta_{m-1} + t(E - eta_{m-1}, rho_m). The number of stages M adapts
-every Q steps (Algorithm 1, with the bidirectional rule of spec 4.3) and the guards G1-G7 of
-spec 4.4 handle zeros, tiny tensors and degenerate fits.
+every Q steps (Algorithm 1, with the bidirectional rule of spec 4.3); with ``stages: auto`` the
+first call chooses M from the data: the M whose threshold, fitted and counted on a sample of
+the tensor, keeps closest to k (Algorithm 1 alone starts from one stage and needs several
+windows of Q steps on heavy tails). The guards G1-G7 of spec 4.4 handle zeros, tiny tensors
+and degenerate fits.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import torch
 from scipy import special
 
 from grace.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
-from grace.exceedance import Moments, above, moments, rounded, select
+from grace.exceedance import (Moments, above, below, count_above, moments, rounded, select,
+                              top_k_of)
 from grace.registry import COMPRESSORS
+from grace.rng import stable_hash
 from grace.validation import ConfigError, check_choice, check_range
 
 VARIANTS = {  # variant: (stage-1 model, model of the later stages)
@@ -38,6 +43,8 @@ VARIANTS = {  # variant: (stage-1 model, model of the later stages)
 ADAPT_DEFAULTS = {"rule": "bidirectional", "interval": 5, "tolerance": 0.2, "scope": "tensor",
                   "escape": False}
 EXACT_BELOW = 64  # G6: exceedance sets smaller than this are resolved exactly
+SAMPLE_KEPT = 256  # stages: auto fits on a sample in which about this many are kept
+SAMPLE_MIN = 1 << 16  # ... and of at least this many elements (all of smaller tensors)
 
 
 # -- the models: quantile formulas and estimators -------------------------------------------
@@ -127,6 +134,7 @@ class StageAdapter:
         self.escape = escape
         self.m_max = m_max
         self.stages = min(max(1, stages), m_max)
+        self.unset = False  # stages: auto before the first call chose M
         self.last_move = 0
         self.prev_err: float | None = None
         self.hold = 0
@@ -188,12 +196,14 @@ class StageAdapter:
         self.stages = min(self.stages, m_max)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"m_max": self.m_max, "stages": self.stages, "last_move": self.last_move,
+        return {"m_max": self.m_max, "stages": self.stages, "unset": self.unset,
+                "last_move": self.last_move,
                 "prev_err": self.prev_err, "hold": self.hold, "window": list(self.window),
                 "seen": [[m, e, w] for m, (e, w) in self.seen.items()], "windows": self.windows}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.m_max, self.stages = int(state["m_max"]), int(state["stages"])
+        self.unset = bool(state.get("unset", False))
         self.last_move, self.hold = int(state["last_move"]), int(state["hold"])
         self.prev_err = None if state["prev_err"] is None else float(state["prev_err"])
         self.window = [float(q) for q in state["window"]]
@@ -208,13 +218,15 @@ class SIDCo(ThresholdSparsifier):
     (``sidco_gp``) threshold sparsification; see the module docstring and docs/sparsifiers.md.
 
     Options beyond the spec's names: ``stages`` is the initial (with ``adapt.rule: off`` the
-    fixed) number of stages; ``gamma_newton`` the Newton steps refining the gamma shape;
+    fixed) number of stages, or ``auto`` (`data_stages` on each tensor's first call and after
+    a change of density); ``gamma_newton`` the Newton steps refining the gamma shape;
     ``exclude_zeros`` (G4) fits the nonzeros only (always for gamma); ``min_numel`` sends
     tensors smaller than this by exact Top-k (G3, besides d < 1/ratio); ``max_overshoot`` c
     trims a selection above c k to its exact top k (G7)."""
 
     def __init__(self, ratio: float = 0.001, variant: str = "sidco_e",
-                 first_stage_ratio: float = 0.25, stages: int = 1, stage_ratio: str = "fixed",
+                 first_stage_ratio: float = 0.25, stages: int | str = "auto",
+                 stage_ratio: str = "fixed",
                  adapt: Mapping[str, Any] | None = None, gamma_quantile: str = "closed_form",
                  gamma_newton: int = 0, gp_negative_shape: str = "exp",
                  exclude_zeros: bool = True, min_numel: int = 0,
@@ -228,7 +240,8 @@ class SIDCo(ThresholdSparsifier):
         self.first_model, self.later_model = VARIANTS[variant]
         self.first_stage_ratio = float(check_range(first_stage_ratio, label, "first_stage_ratio",
                                                    0.0, 1.0, low_open=True, high_open=True))
-        self.initial_stages = check_range(stages, label, "stages", 1, integer=True)
+        self.initial_stages = "auto" if stages == "auto" else check_range(
+            stages, label, "stages", 1, integer=True)
         self.stage_ratio = check_choice(stage_ratio, ("fixed", "count_corrected"), label,
                                         "stage_ratio")
         self.adapt = self._adapt_options(adapt)
@@ -271,9 +284,12 @@ class SIDCo(ThresholdSparsifier):
         """The stage state of tensor `name` (one shared state with ``adapt.scope: global``)."""
         key = name if self.adapt["scope"] == "tensor" else "*"
         if key not in self.adapters:
-            self.adapters[key] = StageAdapter(self.adapt["rule"], self.adapt["interval"],
-                                              self.adapt["tolerance"], self.m_max,
-                                              self.initial_stages, self.adapt["escape"])
+            auto = self.initial_stages == "auto"
+            adapter = StageAdapter(self.adapt["rule"], self.adapt["interval"],
+                                   self.adapt["tolerance"], self.m_max,
+                                   1 if auto else self.initial_stages, self.adapt["escape"])
+            adapter.unset = auto
+            self.adapters[key] = adapter
         return self.adapters[key]
 
     def observe(self, name: str, k_hat: int, k: int) -> None:
@@ -298,6 +314,7 @@ class SIDCo(ThresholdSparsifier):
     def ratio_changed(self) -> None:
         for adapter in self.adapters.values():
             adapter.reset(self.m_max)
+            adapter.unset = self.initial_stages == "auto"
 
     # -- one tensor ------------------------------------------------------------------------
     def estimate(self, x: torch.Tensor, k: int, name: str) -> Selection:
@@ -312,14 +329,16 @@ class SIDCo(ThresholdSparsifier):
             return Selection(select(x, above(0.0, x.dtype), self.backend, first.count),
                              threshold=0.0, fallback="nonzeros")
         if d < math.ceil(1.0 / self.ratio) or d < self.min_numel:  # G3
-            return exact_topk(x, k)
-        stages = self.adapter(name).stages
-        eta, used, exact = self.threshold(x, first, k, stages)
+            return exact_topk(x, k, backend=self.backend)
+        adapter = self.adapter(name)
+        if adapter.unset:
+            adapter.stages, adapter.unset = self.data_stages(x, name), False
+        eta, used, exact = self.threshold(x, first, k, adapter.stages)
         if exact is not None:
             self.observe(name, exact.indices.numel(), k)
             return exact
         if not (math.isfinite(eta) and eta > 0.0):  # G7: degenerate fit
-            return exact_topk(x, k, fallback="degenerate")
+            return exact_topk(x, k, "degenerate", self.backend)
         indices = select(x, eta, self.backend, expected=k)
         k_hat = indices.numel()
         self.observe(name, k_hat, k)
@@ -327,9 +346,37 @@ class SIDCo(ThresholdSparsifier):
         if k_hat == 0:  # G7: nothing reached the threshold
             indices, fallback = x.abs().argmax().view(1), "argmax"
         elif self.max_overshoot is not None and k_hat > self.max_overshoot * k:
-            top = torch.topk(x.index_select(0, indices).abs(), k, sorted=False).indices
-            indices, fallback = indices[top], "overshoot"
+            indices, fallback = top_k_of(x, indices, k, self.backend), "overshoot"
         return Selection(indices, threshold=eta, stages=used, fallback=fallback)
+
+    def data_stages(self, x: torch.Tensor, name: str) -> int:
+        """M for a first call: on a sample of s = max(2^16, 256 / ratio) magnitudes of x
+        (drawn with a seed from the tensor's name; all of x when smaller), the smallest M in
+        1..M_max whose threshold keeps within half the adaptation tolerance of ratio * s,
+        else the smallest M within the count's noise of the nearest (fewer stages: fewer
+        passes; k_hat/k is not monotone in M). With about 256 kept that noise is about 6%,
+        and guard G6 (fewer than 64 exceedances) never fires inside the sample."""
+        d = x.numel()
+        if self.m_max == 1:
+            return 1
+        s = min(d, max(SAMPLE_MIN, math.ceil(SAMPLE_KEPT / self.ratio)))
+        if s < d:
+            gen = torch.Generator().manual_seed(stable_hash("sidco", name))
+            x = x.index_select(0, torch.randint(0, d, (s,), generator=gen).to(x.device))
+        first = moments(x, 0.0, self.backend)
+        want = self.ratio * s
+        if first.count <= want:
+            return 1
+        errors = []
+        for m in range(1, self.m_max + 1):
+            eta, _, exact = self.threshold(x, first, max(1, round(want)), m)
+            kept = (exact.indices.numel() if exact is not None
+                    else count_above(x, below(eta, x.dtype), self.backend))
+            errors.append(abs(kept / want - 1.0))
+            if errors[-1] <= self.adapt["tolerance"] / 2:
+                return m
+        noise = 1.0 / math.sqrt(want)
+        return next(m for m, err in enumerate(errors, 1) if err <= min(errors) + noise)
 
     def threshold(self, x: torch.Tensor, first: Moments, k: int, stages: int
                   ) -> tuple[float, int, Selection | None]:
@@ -342,7 +389,7 @@ class SIDCo(ThresholdSparsifier):
         t = self.first_threshold(x, Moments(n, first.s1, first.s2),
                                  density if single else delta1)
         if t is None:  # G4: degenerate gamma fit (constant magnitudes)
-            return math.nan, 1, exact_topk(x, k, fallback="gamma")
+            return math.nan, 1, exact_topk(x, k, "gamma", self.backend)
         eta = rounded(t, x.dtype)
         if single:
             return eta, 1, None
@@ -354,9 +401,9 @@ class SIDCo(ThresholdSparsifier):
                 break
             if exceed.count < EXACT_BELOW:  # G6: exact inside the small exceedance set
                 idx = select(x, above(eta, x.dtype), self.backend, exceed.count)
-                top = torch.topk(x.index_select(0, idx).abs(), k, sorted=False)
-                kth = float(top.values.min())
-                return kth, m, Selection(idx[top.indices], kth, m, fallback="exact")
+                idx = top_k_of(x, idx, k, self.backend)
+                kth = float(x.index_select(0, idx).abs().min())
+                return kth, m, Selection(idx, kth, m, fallback="exact")
             if self.stage_ratio == "count_corrected":
                 rho = min(1.0, (k / exceed.count) ** (1.0 / (stages - m + 1)))
             eta = rounded(eta + self.tail_threshold(self.later_model, exceed, rho), x.dtype)

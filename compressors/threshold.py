@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from grace.exceedance import check_backend, layout, select
 from grace.registry import COMPRESSORS
 from grace.sparse import Sparsifier
 from grace.validation import check_range
@@ -12,13 +13,16 @@ from grace.validation import check_range
 
 @COMPRESSORS.register("threshold")
 class Threshold(Sparsifier):
-    """Select |g_i| >= threshold."""
+    """Select |g_i| >= threshold, compared in the tensor's dtype, in one fused pass
+    (`grace.exceedance.select`; ``backend`` auto | numba | torch)."""
 
     has_target = False
 
-    def __init__(self, threshold: float = 0.01) -> None:
+    def __init__(self, threshold: float = 0.01, backend: str = "auto") -> None:
         super().__init__(None)
         self.threshold = float(check_range(threshold, self.label, "threshold", 0.0, low_open=True))
+        self.backend = check_backend(backend, self.label)
 
     def select(self, flat: torch.Tensor, name: str) -> torch.Tensor:
-        return flat.abs().ge(self.threshold).nonzero().view(-1)
+        layout(flat, name, self.label)
+        return select(flat.detach(), self.threshold, self.backend)

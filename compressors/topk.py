@@ -5,20 +5,33 @@ from __future__ import annotations
 
 import torch
 
+from grace.compressor import Payload
+from grace.exceedance import check_backend, layout, top_k
 from grace.registry import COMPRESSORS
-from grace.sparse import Sparsifier
+from grace.sparse import Sparsifier, index_dtype
 
 
 @COMPRESSORS.register("topk")
 class TopK(Sparsifier):
     """Exact per-tensor Top-k; k_hat = k always, so its payload sizes are fixed by the
-    shape (no size exchange). Pair with residual memory."""
+    shape (no size exchange). Pair with residual memory.
+
+    The kept magnitudes are exactly those of ``torch.topk(|g|, k)``; among equal magnitudes
+    the lowest indices are kept, so the choice is the same on every rank and every backend.
+    ``backend``: ``auto`` (numba on CPU: a sampled threshold, one fused pass collecting the
+    candidates and an exact pick among them, `grace.exceedance.top_k`), ``numba`` or
+    ``torch`` (any device)."""
 
     fixed_size = True
 
-    def __init__(self, ratio: float = 0.01) -> None:
+    def __init__(self, ratio: float = 0.01, backend: str = "auto") -> None:
         super().__init__(ratio)
+        self.backend = check_backend(backend, self.label)
 
     def select(self, flat: torch.Tensor, name: str) -> torch.Tensor:
-        k = self.target_k(flat.numel())
-        return torch.topk(flat.abs(), k, sorted=False).indices
+        return self.sparse_payload(flat, name)[1]
+
+    def sparse_payload(self, flat: torch.Tensor, name: str) -> Payload:
+        layout(flat, name, self.label)
+        indices, values = top_k(flat, self.target_k(flat.numel()), self.backend)
+        return values, indices.to(index_dtype(flat.numel()))

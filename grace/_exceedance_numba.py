@@ -1,6 +1,14 @@
 """Numba CPU kernels behind `grace.exceedance` (imported only when the numba backend is
-used). Work is split into chunks of `CHUNK` elements run in parallel; the float64 sums
+used). Work is split into chunks of `CHUNK` elements, run on numba's threads when the
+caller asks for them (`parallel`) and in the calling thread otherwise; the float64 sums
 use reassociation only (no nnan/ninf), so NaN and Inf propagate into them.
+
+The selection kernels read magnitude keys, the bit patterns of the elements with the sign
+cleared and every NaN pattern lowered to one key above Inf (`grace.exceedance.KeyLayout`),
+through the signed integer view of the tensor (int16, int32 or int64). A key is a hit when
+lo <= key <= lo + span, tested as the unsigned comparison key - lo <= span. Blocks of `LANES`
+keys are tested as one vector and their hits written with compress-store (`grace.simd`), so
+the pass costs about one read of the tensor at any hit density.
 
 Unless the user chose a threading layer (NUMBA_THREADING_LAYER), the kernels use numba's
 ``workqueue`` layer: OpenMP worker threads keep spinning after each parallel region and, next
@@ -8,13 +16,18 @@ to torch's own pool on a few cores, slowed the surrounding work by up to 10x. It
 called from several Python threads at once; choose ``omp`` or ``tbb`` for that.
 """
 
+import math
 import os
 
 import numba
 import numpy as np
 import torch
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
-from grace.exceedance import BLOCK, CHUNK
+from grace.exceedance import CHUNK
+from grace.simd import LANES, compress_store, data_pointer, load_lanes, popcount, splat
 
 if numba.config.THREADING_LAYER == "default" and "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"
@@ -42,71 +55,316 @@ def _chunk_moments(y, lo):  # pragma: no cover - compiled
     return count, s1, s2
 
 
+@numba.njit(cache=True)
+def _moments_chunk(x, lo, c, out):  # pragma: no cover - compiled
+    count, s1, s2 = _chunk_moments(x[c * CHUNK:min(x.size, (c + 1) * CHUNK)], lo)
+    out[c, 0] = count
+    out[c, 1] = s1
+    out[c, 2] = s2
+
+
 @numba.njit(parallel=True, cache=True)
-def moments(x, lo):  # pragma: no cover - compiled
-    """(count, sum, sum of squares) of |x| - lo over the elements with |x| > lo."""
-    n = x.size
-    chunks = (n + CHUNK - 1) // CHUNK
-    out = np.zeros((chunks, 3))
-    for c in numba.prange(chunks):
-        count, s1, s2 = _chunk_moments(x[c * CHUNK:min(n, (c + 1) * CHUNK)], lo)
-        out[c, 0] = count
-        out[c, 1] = s1
-        out[c, 2] = s2
-    return int(out[:, 0].sum()), out[:, 1].sum(), out[:, 2].sum()
-
-
-@numba.njit(fastmath=_FAST, cache=True)
-def _chunk_select(y, thr, out):  # pragma: no cover - compiled
-    # Blocks of BLOCK elements are tested with a vectorised count; only blocks with a hit
-    # are scanned, writing branch-free while the buffer has room and only counting after.
-    n = 0
-    room = out.size - BLOCK
-    for b in range(0, y.size, BLOCK):
-        z = y[b:b + BLOCK]
-        hits = 0
-        for i in range(z.size):
-            hits += abs(z[i]) >= thr
-        if hits == 0:
-            continue
-        if n <= room:
-            for i in range(z.size):
-                out[n] = b + i
-                n += abs(z[i]) >= thr
-        else:
-            n += hits
-    return n
+def _moments_threads(x, lo, out):  # pragma: no cover - compiled
+    for c in numba.prange(out.shape[0]):
+        _moments_chunk(x, lo, c, out)
 
 
 @numba.njit(cache=True)
-def _chunk_select_exact(y, thr, out, base):  # pragma: no cover - compiled
-    j = 0
-    for i in range(y.size):
-        if abs(y[i]) >= thr:
-            out[j] = base + i
-            j += 1
+def moments(x, lo, parallel):  # pragma: no cover - compiled
+    """(count, sum, sum of squares) of |x| - lo over the elements with |x| > lo."""
+    out = np.zeros(((x.size + CHUNK - 1) // CHUNK, 3))
+    if parallel:
+        _moments_threads(x, lo, out)
+    else:
+        for c in range(out.shape[0]):
+            _moments_chunk(x, lo, c, out)
+    return int(out[:, 0].sum()), out[:, 1].sum(), out[:, 2].sum()
+
+
+# -- selection by magnitude keys -----------------------------------------------------------
+@intrinsic
+def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n, sparse):
+    """Test the LANES keys of y[start:start + LANES] and append the hits' offsets (int32)
+    and elements (y's bits) at position n of `offsets` and `raw`; returns n plus the number
+    of hits. With `sparse` (few hits expected) a block without hits skips the stores: a
+    predictable branch then, an unpredictable one at higher densities."""
+    sig = types.int64(y, start, mask, top, lo, span, offsets, raw, n, sparse)
+
+    def codegen(context, builder, signature, args):
+        y_arg, start_v, mask_v, top_v, lo_v, span_v, off_arg, raw_arg, n_v, sparse_v = args
+        block = load_lanes(context, builder, signature.args[0], y_arg, start_v)
+        vt = block.type
+        key = builder.and_(block, splat(builder, mask_v, vt))
+        top_s = splat(builder, top_v, vt)
+        key = builder.select(builder.icmp_unsigned(">", key, top_s), top_s, key)
+        hits = builder.icmp_unsigned("<=", builder.sub(key, splat(builder, lo_v, vt)),
+                                     splat(builder, span_v, vt))
+        i32 = ir.IntType(32)
+        iv = ir.VectorType(i32, LANES)
+        lane = ir.Constant(iv, [ir.Constant(i32, i) for i in range(LANES)])
+        where = builder.add(splat(builder, start_v, iv), lane)
+        any_hit = builder.icmp_unsigned("!=", builder.bitcast(hits, ir.IntType(LANES)),
+                                        ir.Constant(ir.IntType(LANES), 0))
+        with builder.if_then(builder.or_(builder.not_(sparse_v), any_hit)):
+            compress_store(builder, where, data_pointer(context, builder, signature.args[6],
+                                                        off_arg, n_v), hits)
+            compress_store(builder, block, data_pointer(context, builder, signature.args[7],
+                                                        raw_arg, n_v), hits)
+        return builder.add(n_v, popcount(builder, hits))
+
+    return sig, codegen
+
+
+@numba.njit(cache=True)
+def count_key(x, mask, key):  # pragma: no cover - compiled
+    """Number of elements of the key view x whose key (sign cleared) equals `key`."""
+    n = 0
+    for i in range(x.size):
+        n += (np.int64(x[i]) & mask) == key
+    return n
+
+
+STRIDE = 8 * LANES  # elements between two checks of the buffer's room
+SPARSE_CAP = CHUNK // 128  # per-chunk buffers this small: hits sparse enough to branch on
+
+
+@numba.njit(inline="always")
+def _key(v, mask, top):  # pragma: no cover - compiled
+    return min(np.int64(v) & mask, top)
+
+
+@numba.njit(cache=True)
+def _chunk_collect(y, mask, top, lo, span, offsets, raw, sparse):  # pragma: no cover
+    """Hits of y: offsets (int32) and elements written while `offsets` has room for a
+    whole block, then only counted. Returns (hits, hits written)."""
+    n = 0
+    room = offsets.size - STRIDE
+    full = y.size - y.size % STRIDE
+    s = 0
+    while s < full and n <= room:  # room checked once per STRIDE elements
+        for b in range(s, s + STRIDE, LANES):
+            n = _compress_block(y, b, mask, top, lo, span, offsets, raw, n, sparse)
+        s += STRIDE
+    written = n
+    if s < full:  # out of room: count the rest
+        for i in range(s, full):
+            n += np.uint64(_key(y[i], mask, top) - lo) <= np.uint64(span)
+    for i in range(full, y.size):
+        if np.uint64(_key(y[i], mask, top) - lo) <= np.uint64(span):
+            if written == n and n < offsets.size:
+                offsets[n] = i
+                raw[n] = y[i]
+                written += 1
+            n += 1
+    return n, written
+
+
+@numba.njit(cache=True)
+def _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written):  # pragma: no cover
+    """Pass 1 for chunk c: its hits into its slot of the per-chunk buffers (whose size,
+    sized from the expected count, says whether hits are sparse)."""
+    width = offsets.size // counts.size
+    counts[c], written[c] = _chunk_collect(
+        x[c * CHUNK:min(x.size, (c + 1) * CHUNK)], mask, top, lo, span,
+        offsets[c * width:(c + 1) * width], raw[c * width:(c + 1) * width],
+        width - STRIDE <= SPARSE_CAP)
+
+
+@numba.njit(cache=True)
+def _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, starts,
+                 positions, out_raw):  # pragma: no cover - compiled
+    """Pass 2 for chunk c: its hits at their place in the result, rescanning the chunk if
+    its buffer overflowed."""
+    width = offsets.size // counts.size
+    m, o, base = counts[c], starts[c], c * CHUNK
+    if written[c] < m:
+        buf_o, buf_r = np.empty(m + STRIDE, np.int32), np.empty(m + STRIDE, x.dtype)
+        _chunk_collect(x[base:min(x.size, base + CHUNK)], mask, top, lo, span, buf_o, buf_r,
+                       False)
+    else:
+        buf_o, buf_r = offsets[c * width:c * width + m], raw[c * width:c * width + m]
+    for j in range(m):
+        positions[o + j] = buf_o[j] + base
+        out_raw[o + j] = buf_r[j]
 
 
 @numba.njit(parallel=True, cache=True)
-def select(x, thr, cap):  # pragma: no cover - compiled
-    """Ascending int64 indices of |x| >= thr; `cap` is the per-chunk buffer size."""
-    n = x.size
-    chunks = (n + CHUNK - 1) // CHUNK
-    width = cap + BLOCK
-    buf = np.empty(chunks * width, np.int64)
+def _fill_threads(x, mask, top, lo, span, offsets, raw, counts, written):  # pragma: no cover
+    for c in numba.prange(counts.size):
+        _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written)
+
+
+@numba.njit(parallel=True, cache=True)
+def _place_threads(x, mask, top, lo, span, offsets, raw, counts, written, starts, positions,
+                   out_raw):  # pragma: no cover - compiled
+    for c in numba.prange(counts.size):
+        _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, starts,
+                     positions, out_raw)
+
+
+@numba.njit(cache=True)
+def collect(x, mask, top, lo, span, cap, limit, parallel):  # pragma: no cover - compiled
+    """(count, ascending int64 positions, elements) of the hits of the key view `x`; the
+    positions and elements only when count <= limit (else empty arrays). `cap` sizes the
+    per-chunk buffers; a chunk with more hits is rescanned into its exact slot. Chunks run
+    on numba's threads with `parallel`, else in this thread."""
+    chunks = (x.size + CHUNK - 1) // CHUNK
+    width = cap + STRIDE
+    offsets = np.empty(chunks * width, np.int32)
+    raw = np.empty(chunks * width, x.dtype)
     counts = np.zeros(chunks, np.int64)
-    for c in numba.prange(chunks):
-        counts[c] = _chunk_select(x[c * CHUNK:min(n, (c + 1) * CHUNK)], thr,
-                                  buf[c * width:(c + 1) * width])
-    offsets = np.zeros(chunks + 1, np.int64)
+    written = np.zeros(chunks, np.int64)
+    if parallel:
+        _fill_threads(x, mask, top, lo, span, offsets, raw, counts, written)
+    else:
+        for c in range(chunks):
+            _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written)
+    total = counts.sum()
+    if total > limit:
+        return total, np.empty(0, np.int64), np.empty(0, x.dtype)
+    starts = np.zeros(chunks + 1, np.int64)
     for c in range(chunks):
-        offsets[c + 1] = offsets[c] + counts[c]
-    result = np.empty(offsets[chunks], np.int64)
-    for c in numba.prange(chunks):
-        m, o, start = counts[c], offsets[c], c * CHUNK
-        if m <= cap:
-            for j in range(m):
-                result[o + j] = buf[c * width + j] + start
-        else:  # the buffer overflowed: rescan this chunk into its exact slot
-            _chunk_select_exact(x[start:min(n, start + CHUNK)], thr, result[o:o + m], start)
-    return result
+        starts[c + 1] = starts[c] + counts[c]
+    positions = np.empty(total, np.int64)
+    out_raw = np.empty(total, x.dtype)
+    if parallel:
+        _place_threads(x, mask, top, lo, span, offsets, raw, counts, written, starts,
+                       positions, out_raw)
+    else:
+        for c in range(chunks):
+            _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, starts,
+                         positions, out_raw)
+    return total, positions, out_raw
+
+
+RADIX = 12  # bits of key resolved per histogram round of `_kth_largest`
+
+
+@numba.njit(cache=True)
+def _kth_largest(work, k):  # pragma: no cover - compiled
+    """The k-th largest of the int64 keys `work` (overwritten), by rounds of a histogram
+    of 2^RADIX buckets over the keys' current range, each keeping only the bucket that
+    holds the k-th largest: O(size) for any distribution of keys."""
+    n = work.size
+    hist = np.empty(1 << RADIX, np.int64)
+    while True:
+        lo, hi = work[0], work[0]
+        for i in range(1, n):
+            lo, hi = min(lo, work[i]), max(hi, work[i])
+        if lo == hi:
+            return lo
+        shift = 0
+        while (hi - lo) >> shift >= 1 << RADIX:
+            shift += 1
+        hist[:] = 0
+        for i in range(n):
+            hist[(work[i] - lo) >> shift] += 1
+        b = (hi - lo) >> shift
+        while hist[b] < k:
+            k -= hist[b]
+            b -= 1
+        if shift == 0:
+            return lo + b
+        m = 0
+        for i in range(n):
+            if (work[i] - lo) >> shift == b:
+                work[m] = work[i]
+                m += 1
+        n = m
+
+
+@numba.njit(cache=True)
+def pick(positions, raw, k, mask, top):  # pragma: no cover - compiled
+    """(positions, elements) of the k largest keys among the elements `raw` at
+    `positions`, in the given order; among equal keys the earliest. 0 < k <= raw.size."""
+    m = positions.size
+    work = np.empty(m, np.int64)
+    for i in range(m):
+        work[i] = _key(raw[i], mask, top)
+    v = _kth_largest(work, k)
+    need = k
+    for i in range(m):
+        need -= _key(raw[i], mask, top) > v
+    out, out_raw = np.empty(k, positions.dtype), np.empty(k, raw.dtype)
+    j = 0
+    for i in range(m):
+        key = _key(raw[i], mask, top)
+        if key > v or (key == v and need > 0):
+            need -= key == v
+            out[j], out_raw[j] = positions[i], raw[i]
+            j += 1
+    return out, out_raw
+
+
+@numba.njit(cache=True)
+def _sample(x, mask, top, s):  # pragma: no cover - compiled
+    """Keys of s elements, one drawn from each of s equal strides of x (a fixed LCG)."""
+    stride = x.size // s
+    out = np.empty(s, np.int64)
+    h = np.uint32(0x9E3779B9)
+    for i in range(s):
+        h = np.uint32(h * np.uint32(1664525) + np.uint32(1013904223))
+        out[i] = _key(x[i * stride + np.int64(h >> np.uint32(8)) % stride], mask, top)
+    return out
+
+
+@numba.njit(cache=True)
+def _ties(x, mask, top, above, v, need):  # pragma: no cover - compiled
+    """(positions, elements): the ascending merge of the positions `above` (every key > v)
+    and the first `need` positions whose key is v."""
+    equal = np.empty(need, np.int64)
+    j = 0
+    for i in range(x.size):
+        if j == need:
+            break
+        if _key(x[i], mask, top) == v:
+            equal[j] = i
+            j += 1
+    out = np.empty(above.size + need, np.int64)
+    a = e = 0
+    for o in range(out.size):
+        if e == need or (a < above.size and above[a] < equal[e]):
+            out[o] = above[a]
+            a += 1
+        else:
+            out[o] = equal[e]
+            e += 1
+    return out, x[out]
+
+
+@numba.njit(cache=True)
+def top_k(x, k, mask, top, s, parallel):  # pragma: no cover - compiled
+    """(ascending positions, elements) of the k largest keys of the key view x
+    (0 < k < x.size); among equal keys the lowest positions.
+
+    The threshold t is the r-th largest key of a sample of s keys, r chosen so that at
+    least k keys reach t with high probability; the keys >= t are collected in one pass and
+    the k largest picked among them. A guess that collects fewer than k keys, or more than
+    `limit`, narrows [lo, hi) with count(key >= lo) >= k > count(key >= hi); when hi = lo + 1
+    the k-th key is lo and ties at lo go to the lowest positions."""
+    d = x.size
+    sample = _sample(x, mask, top, s)
+    mean = s * k / d
+    rank = min(s, int(mean + 4.0 * math.sqrt(mean) + 4.0))
+    expected = max(k, rank * d // s)
+    limit = max(2 * expected, expected + 4096)
+    cap = min(CHUNK, 2 * expected * CHUNK // d + 16)
+    lo, hi = np.int64(0), top + 1
+    above = np.empty(0, np.int64)
+    last_low = False
+    while hi > lo + 1:
+        t = np.partition(sample, s - rank)[s - rank] if rank <= s else lo
+        if last_low and lo + 1 < hi:  # too many at lo: are they ties?
+            t = lo + 1
+        elif not lo < t < hi:
+            t = lo + (hi - lo) // 2
+        count, positions, raw = collect(x, mask, top, t, top - t, cap, limit, parallel)
+        if count < k:
+            hi, above, last_low = t, positions, False
+            rank = min(4 * rank + 16, s + 1)
+        elif count <= limit:
+            return pick(positions, raw, k, mask, top)
+        else:
+            lo, last_low = t, not last_low
+            rank = max(1, rank // 4)
+    return _ties(x, mask, top, above, lo, k - above.size)

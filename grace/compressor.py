@@ -8,6 +8,7 @@ rank (shape, dtype, step, shared-seed state).
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from grace.exchange import Link, Works
 
 Payload = tuple[torch.Tensor, ...]
+WARM_UP_NUMEL = 2 * 65536 + 17  # past two chunks of the fused kernels: their threaded paths too
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,20 @@ class Compressor(ABC):
         for payload in payloads[1:]:
             total.add_(self.decompress(payload, ctx))
         return total.div_(len(payloads))
+
+    def warm_up(self) -> None:
+        """Compile, or load from numba's on-disk cache, the kernels this compressor runs, so
+        that the first training step does not pay for them: a cold cache compiles for
+        seconds to tens of seconds, and even a warm one costs numba about 2 s per process to
+        set up. The pipeline calls it once when it is built. A copy of the compressor
+        compresses and decompresses a float32 CPU tensor; the compressor, its state and its
+        metrics are untouched (other dtypes load their kernels on first use). Methods with
+        collectives of their own (``communicators``) or ``model_level`` ones skip it."""
+        if self.model_level or self.communicators is not None:
+            return
+        twin = copy.deepcopy(self, {id(self.comm): None, id(self.metrics): Metrics()})
+        payload, ctx = twin.compress(torch.linspace(-1.0, 1.0, WARM_UP_NUMEL), "warm_up")
+        twin.decompress(payload, ctx)
 
     def set_epoch(self, epoch: int) -> None:
         """Hook for schedules that change with the epoch (e.g. DGC's warm-up ratio)."""

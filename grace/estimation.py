@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from grace.compressor import Payload, TensorInfo
-from grace.exceedance import check_backend, working
+from grace.exceedance import check_backend, top_k, working
 from grace.schedule import RatioSchedule
 from grace.sparse import Sparsifier, sparsify
 from grace.validation import NonFiniteError, check_choice
@@ -47,12 +47,13 @@ class Selection:
     excluded: bool = False  # all-zero tensor: no quality sample
 
 
-def exact_topk(x: torch.Tensor, k: int, threshold: bool = True, fallback: str = "topk"
+def exact_topk(x: torch.Tensor, k: int, fallback: str = "topk", backend: str = "auto"
                ) -> Selection:
-    """Exact Top-k of |x| (the guards' fallback); `threshold` records the k-th magnitude."""
-    top = torch.topk(x.abs(), k, sorted=False)
-    thr = float(top.values.min()) if threshold and k else None
-    return Selection(top.indices, threshold=thr, fallback=fallback)
+    """Exact Top-k of |x| (the guards' fallback, `grace.exceedance.top_k`); the threshold
+    recorded is the k-th magnitude."""
+    indices, values = top_k(x, k, backend)
+    thr = float(values.abs().min()) if k else None
+    return Selection(indices, threshold=thr, fallback=fallback)
 
 
 def empty_selection(x: torch.Tensor) -> Selection:

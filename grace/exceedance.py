@@ -1,24 +1,36 @@
-"""Fused passes over |x| for the threshold sparsifiers (SIDCo, DGC, RedSync, GaussianKSGD).
+"""Fused passes over |x| for the sparsifiers (Top-k, threshold, SIDCo, DGC, RedSync,
+GaussianKSGD).
 
-Two operations, each one read of the tensor:
+Three operations, each about one read of the tensor:
 
 - `moments(x, lo)`: the count of the exceedances |x| > lo and the sums of (|x| - lo) and
   (|x| - lo)^2 over them (float64 accumulation). With lo = 0 these are the nonzeros; a NaN or
   Inf anywhere makes the sums non-finite, which is how callers detect bad input for free.
 - `select(x, thr, expected)`: the flat indices of |x| >= thr in increasing order.
+- `top_k(x, k)`: the flat indices of the k largest |x| in increasing order, exact: the kept
+  magnitudes are those of ``torch.topk(|x|, k)`` (NaN above Inf, as torch orders them), and
+  among equal magnitudes the lowest indices are kept, so every rank chooses the same
+  elements from the same tensor. `top_k_of` does the same within a candidate set (the exact
+  re-selection of DGC and SIDCo).
 
-Strict and inclusive comparisons are both expressed through these two: |x| > t is
-|x| >= `above(t)` and |x| >= t is |x| > `below(t)`, with thresholds first rounded to the
+Selection compares *magnitude keys*: the bit pattern with the sign cleared, which orders
+non-negative floats like their values, every NaN lowered to one key above Inf
+(`KeyLayout`). Strict and inclusive comparisons are both expressed through `select`: |x| > t
+is |x| >= `above(t)` and |x| >= t is |x| > `below(t)`, with thresholds first rounded to the
 tensor's dtype, so that every backend compares the same numbers.
 
 Backends (option ``backend`` of the sparsifiers):
 
 - ``torch``: abs, compaction and reductions in torch; any device; full-size temporaries.
-- ``numba``: parallel CPU kernels over 64K-element chunks without full-size temporaries;
-  `select` writes into per-chunk buffers sized from the expected count and rescans only the
-  chunks that overflow them, so the result is exact whatever the estimate.
-- ``auto``: numba for CPU tensors of at least `NUMBA_MIN_NUMEL` elements when numba is
-  installed (the ``fast`` extra), torch otherwise.
+- ``numba``: CPU kernels over 64K-element chunks without full-size temporaries; `select`
+  writes into per-chunk buffers sized from the expected count and rescans only the chunks
+  that overflow them, so the result is exact whatever the estimate. `top_k` sets the
+  threshold from a strided sample so that a little more than k elements reach it, collects
+  them in one pass and picks the k largest among them (Sec. 3.1 of Lin et al., *Deep
+  Gradient Compression*, samples a threshold the same way; here the result stays exact:
+  a threshold that collects too few or too many is narrowed until one fits).
+- ``auto``: numba for CPU tensors when numba is installed (for `moments` and `select` from
+  `NUMBA_MIN_NUMEL` elements), torch otherwise.
 
 Both give the same counts and indices; the sums agree to float64 rounding.
 """
@@ -38,7 +50,26 @@ from grace.validation import MissingDependency
 BACKENDS = ("auto", "torch", "numba")
 NUMBA_MIN_NUMEL = 1 << 17
 CHUNK = 1 << 16  # elements per parallel work item of the numba kernels
-BLOCK = 32  # elements tested together before the scalar scan in `select`
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """Magnitude keys of a float dtype: its signed integer view with the sign bit cleared
+    (`mask`); `inf` is the key of Inf and `top` = inf + 1 the key given to every NaN."""
+
+    int_dtype: torch.dtype
+    mask: int
+    inf: int
+
+    @property
+    def top(self) -> int:
+        return self.inf + 1
+
+
+KEYS = {torch.float16: KeyLayout(torch.int16, 0x7FFF, 0x7C00),
+        torch.bfloat16: KeyLayout(torch.int16, 0x7FFF, 0x7F80),
+        torch.float32: KeyLayout(torch.int32, 0x7FFF_FFFF, 0x7F80_0000),
+        torch.float64: KeyLayout(torch.int64, 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000)}
 
 
 @dataclass(frozen=True)
@@ -103,14 +134,22 @@ def below(value: float, dtype: torch.dtype) -> float:
     return float(np.nextafter(np_type(value), np_type(-np.inf)))
 
 
+def threads(x: torch.Tensor) -> bool:
+    """Whether the numba kernels split `x` over threads: more than one chunk and more than
+    one torch thread (one thread runs the chunks in the calling thread: a parallel launch
+    costs hundreds of microseconds on a busy machine)."""
+    if x.numel() <= CHUNK or torch.get_num_threads() == 1:
+        return False
+    _kernels().use_torch_threads()
+    return True
+
+
 def moments(x: torch.Tensor, lo: float, backend: str = "auto") -> Moments:
     """Count and first two sums of the exceedances |x| > lo of the working tensor `x`
     (NaN counts as an exceedance so that it reaches the sums)."""
     lo = rounded(lo, x.dtype)
     if use_numba(backend, x):
-        kernels = _kernels()
-        kernels.use_torch_threads()
-        count, s1, s2 = kernels.moments(x.numpy(), lo)
+        count, s1, s2 = _kernels().moments(x.numpy(), lo, threads(x))
         return Moments(int(count), float(s1), float(s2))
     a = x.abs()
     excess = a[~(a <= lo)].double() - lo
@@ -122,20 +161,119 @@ def count_above(x: torch.Tensor, thr: float, backend: str = "auto") -> int:
     return moments(x, thr, backend).count
 
 
+def layout(x: torch.Tensor, name: str = "", owner: str = "magnitude selection") -> KeyLayout:
+    """The key layout of `x`'s dtype; a TypeError naming the tensor for other dtypes."""
+    if x.dtype not in KEYS:
+        raise TypeError(f"tensor '{name}' has dtype {x.dtype}; {owner} takes float16, "
+                        "bfloat16, float32 or float64 tensors")
+    return KEYS[x.dtype]
+
+
+def magnitude_keys(x: torch.Tensor) -> torch.Tensor:
+    """The magnitude keys of `x` as a new tensor of its integer view dtype (torch backend)."""
+    lay = layout(x)
+    return (x.view(lay.int_dtype) & lay.mask).clamp_(max=lay.top)
+
+
+_NUMPY_INT = {torch.float16: np.int16, torch.float32: np.int32, torch.float64: np.int64}
+
+
+def _key_view(x: torch.Tensor) -> np.ndarray:
+    """The signed integer view the numba kernels read keys from (no copy)."""
+    x = x.detach().contiguous()
+    if x.dtype == torch.bfloat16:  # numpy has no bfloat16
+        return x.view(torch.int16).numpy()
+    return x.numpy().view(_NUMPY_INT[x.dtype])
+
+
+def threshold_key(thr: float, dtype: torch.dtype) -> int | None:
+    """The smallest key of |x| >= thr, thr rounded to `dtype` as torch compares a tensor
+    with a Python number; None when nothing compares >= thr (NaN)."""
+    if thr != thr:
+        return None
+    if thr <= 0.0:
+        return 0
+    lay = KEYS[dtype]
+    return int(torch.tensor(thr, dtype=dtype).view(lay.int_dtype)) & lay.mask
+
+
 def select(x: torch.Tensor, thr: float, backend: str = "auto",
            expected: int | None = None) -> torch.Tensor:
     """Flat int64 indices of |x| >= thr, ascending. `expected` (the likely count) sizes the
     numba kernel's per-chunk buffers; a wrong guess costs time, never correctness."""
-    thr = rounded(thr, x.dtype)
     if use_numba(backend, x):
-        d = x.numel()
+        lo = threshold_key(thr, x.dtype)
+        if lo is None:
+            return torch.empty(0, dtype=torch.int64)
+        d, lay = x.numel(), layout(x)
         guess = d if expected is None else max(0, int(expected))
         cap = min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)
-        arr = x.numpy()
-        kernels = _kernels()
-        kernels.use_torch_threads()
-        return torch.from_numpy(kernels.select(arr, arr.dtype.type(thr), cap))
+        _, positions, _ = _kernels().collect(_key_view(x), lay.mask, lay.top, lo,
+                                             lay.inf - lo, cap, d, threads(x))
+        return torch.from_numpy(positions)
     return torch.nonzero(x.abs() >= thr).view(-1)
+
+
+def count_infinite(x: torch.Tensor) -> int:
+    """Number of +-Inf elements of the float tensor `x` (one read; numba on CPU)."""
+    lay = layout(x)
+    if use_numba_top_k("auto", x):
+        return int(_kernels().count_key(_key_view(x), lay.mask, lay.inf))
+    return int(torch.isinf(x).sum())
+
+
+def use_numba_top_k(backend: str, x: torch.Tensor) -> bool:
+    """`top_k` runs the numba kernels on CPU tensors of any size (one serial call below
+    `CHUNK` elements)."""
+    return backend != "torch" and x.device.type == "cpu" and (
+        backend == "numba" or numba_installed())
+
+
+def sample_size(k: int, d: int) -> int:
+    """Sample of `top_k`'s threshold, (16 k d)^(1/3) keys (at least 256, at most d): it
+    balances the sample against the candidates beyond k that its error lets through."""
+    return min(d, max(256, round((16.0 * k * d) ** (1.0 / 3.0))))
+
+
+def top_k(x: torch.Tensor, k: int, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, values): the flat int64 indices of the k elements of largest magnitude of
+    the 1-D float tensor `x`, ascending, and x at them; exact, ties to the lowest indices
+    (see the module docstring)."""
+    d = x.numel()
+    if k >= d:
+        return torch.arange(d, device=x.device), x.clone()
+    if k <= 0:
+        return torch.empty(0, dtype=torch.int64, device=x.device), x[:0]
+    lay = layout(x)
+    if use_numba_top_k(backend, x):
+        positions, raw = _kernels().top_k(_key_view(x), k, lay.mask, lay.top,
+                                          sample_size(k, d), threads(x))
+        return torch.from_numpy(positions), torch.from_numpy(raw).view(x.dtype)
+    indices = _keep(magnitude_keys(x), k).nonzero().view(-1)
+    return indices, x.index_select(0, indices)
+
+
+def top_k_of(x: torch.Tensor, indices: torch.Tensor, k: int,
+             backend: str = "auto") -> torch.Tensor:
+    """The k of `indices` (flat positions in `x`) where |x| is largest, in their given
+    order, ties to the earliest: the exact re-selection among threshold candidates."""
+    if k >= indices.numel():
+        return indices
+    values = x.index_select(0, indices)
+    if use_numba_top_k(backend, x):
+        lay = layout(x)
+        chosen, _ = _kernels().pick(indices.numpy(), _key_view(values), k, lay.mask, lay.top)
+        return torch.from_numpy(chosen)
+    return indices[_keep(magnitude_keys(values), k)]
+
+
+def _keep(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """Bool mask of the k largest `keys` (0 < k < numel), ties to the earliest."""
+    v = torch.kthvalue(keys, keys.numel() - k + 1).values
+    above = keys > v
+    equal = keys == v
+    need = k - int(above.sum())
+    return above | (equal & (equal.cumsum(0) <= need))
 
 
 @functools.cache

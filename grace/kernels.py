@@ -6,7 +6,9 @@ the kernel for contiguous float32 CPU tensors when numba is importable.
 - sign planes (`pack_signs`, `unpack_signs`), as `grace.wire.pack_bits(x < 0)` would write;
 - natural compression fused with its 9-bit wire format (`nat9_encode`, `nat9_decode`);
 - dithering fused with its wire format (`dither_encode`, `dither_decode`): scale, draw,
-  round, and write the sign plane and the b-bit level plane (LSB-first) in one pass.
+  round, and write the sign plane and the b-bit level plane (LSB-first) in one pass;
+- shared-seed random subsets (`random_subset`): Random-k's indices by rejection into a
+  bitmap, as `gracecomm.compressors.randomk` draws them in torch.
 
 Why kernels: on CPU every torch temporary of a 26M-element tensor costs a pass over memory
 plus fresh pages, and the random numbers dominate; a fused pass reads the input once and
@@ -30,6 +32,7 @@ from typing import Any
 import numba
 import numpy as np
 import torch
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 U32, U64, U8, F32 = np.uint32, np.uint64, np.uint8, np.float32
 PARALLEL_MIN = 1 << 20
@@ -345,3 +348,45 @@ def dither_decode(signs: np.ndarray, codes: np.ndarray, table: np.ndarray, norms
         signs[lo // 8:(hi + 7) // 8], codes[lo // 8 * bits:(hi + 7) // 8 * bits], table, norms,
         bucket, lo, bits, out[lo:hi]))
     return out, int(max(tops))
+
+
+# -- shared-seed random subsets -----------------------------------------------------------
+@numba.njit(inline="always")
+def _draw(i, d, k1, k2, k3, k4):  # pragma: no cover - compiled
+    """Draw i: floor(u d / 2^64) for the 64-bit u = (mix(i, k1, k2) << 32) | mix(i, k3, k4),
+    exact in 64-bit arithmetic for d < 2^32."""
+    hi, lo = U64(_mix(U32(i), k1, k2)), U64(_mix(U32(i), k3, k4))
+    return (hi * U64(d) + ((lo * U64(d)) >> U64(32))) >> U64(32)
+
+
+@numba.njit(cache=True, nogil=True)
+def _subset(d, m, k1, k2, k3, k4, complement):  # pragma: no cover - compiled
+    bits = np.zeros((d + 63) // 64, np.uint64)
+    drawn, i = 0, 0
+    while drawn < m:
+        j = _draw(i, d, k1, k2, k3, k4)
+        word, bit = j >> U64(6), U64(1) << (j & U64(63))
+        if not bits[word] & bit:
+            bits[word] |= bit
+            drawn += 1
+        i += 1
+    size = d - m if complement else m
+    out = np.empty(size, np.int64)
+    n = 0
+    for w in range(bits.size):
+        word = ~bits[w] if complement else bits[w]
+        if complement and w == bits.size - 1 and d % 64:
+            word &= (U64(1) << U64(d % 64)) - U64(1)
+        while word:
+            out[n] = 64 * w + trailing_zeros(word)
+            n += 1
+            word &= word - U64(1)
+    return out
+
+
+def random_subset(d: int, k: int, key: int, key2: int) -> np.ndarray:
+    """Ascending positions of a uniformly random k-subset of range(d), d < 2^31: the first k
+    distinct values of the draws j(0), j(1), ... (`_draw`, keyed by the 64-bit keys `key`
+    and `key2`); for k > d/2 the complement of the first d - k distinct draws."""
+    complement = 2 * k > d
+    return _subset(d, d - k if complement else k, *_keys(key), *_keys(key2), complement)

@@ -65,6 +65,7 @@ class Grace:
         communicator.bind(compressor, self.metrics)
         compressor.bind(communicator, self.metrics)
         memory.bind(self.metrics)
+        compressor.warm_up()  # its kernels are loaded now, not in the first step
 
     def __repr__(self) -> str:
         return (f"Grace(compressor={self.compressor.registry_name!r}, "

@@ -11,6 +11,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from grace.compressor import Compressor, Payload, TensorInfo
@@ -20,6 +21,32 @@ from grace.validation import PayloadError, check_ratio, num_kept
 def index_dtype(numel: int) -> torch.dtype:
     """The narrowest index dtype that addresses `numel` elements."""
     return torch.int32 if numel < 2**31 else torch.int64
+
+
+HUGE_PAGE_MIN = 1 << 22  # bytes: numpy advises huge pages for buffers from 4 MiB
+
+
+def _numpy_backed(numel: int, dtype: torch.dtype, device: torch.device | str) -> bool:
+    return torch.device(device).type == "cpu" and numel * dtype.itemsize >= HUGE_PAGE_MIN
+
+
+def dense_empty(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """An uninitialised 1-D tensor for a decompressed output. On the CPU a buffer of at
+    least 4 MiB comes from numpy, which asks the kernel for transparent huge pages
+    (madvise), so a fresh buffer faults once per 2 MiB instead of once per 4 KiB page: on
+    the project's test machine a fresh 26M-element float32 ``torch.empty`` cost about 16
+    reads of the tensor by the time it was filled, a numpy-backed one about 2."""
+    if not _numpy_backed(numel, dtype, device):
+        return torch.empty(numel, dtype=dtype, device=device)
+    return torch.from_numpy(np.empty(numel * dtype.itemsize, dtype=np.uint8)).view(dtype)
+
+
+def dense_zeros(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A zero 1-D tensor for a decompressed output, numpy-backed like `dense_empty`; large
+    buffers come zeroed from the kernel (calloc) instead of being written twice."""
+    if not _numpy_backed(numel, dtype, device):
+        return torch.zeros(numel, dtype=dtype, device=device)
+    return torch.from_numpy(np.zeros(numel * dtype.itemsize, dtype=np.uint8)).view(dtype)
 
 
 def sparsify(flat: torch.Tensor, indices: torch.Tensor) -> Payload:
@@ -55,8 +82,8 @@ def check_sparse(values: torch.Tensor, indices: torch.Tensor, info: TensorInfo) 
 def desparsify(values: torch.Tensor, indices: torch.Tensor, info: TensorInfo) -> torch.Tensor:
     """Dense tensor with `values` at `indices` and zeros elsewhere."""
     check_sparse(values, indices, info)
-    out = torch.zeros(info.numel, dtype=info.dtype, device=values.device)
-    out[indices.long()] = values
+    out = dense_zeros(info.numel, info.dtype, values.device)
+    out.scatter_(0, indices.long(), values)  # 3-4x faster than index_put_ on CPU
     return out.view(info.shape)
 
 
@@ -66,8 +93,8 @@ def sparse_mean(payloads: Sequence[Payload], info: TensorInfo) -> torch.Tensor:
         check_sparse(values, indices, info)
     values = torch.cat([p[0] for p in payloads])
     indices = torch.cat([p[1].long() for p in payloads])
-    out = torch.zeros(info.numel, dtype=info.dtype, device=values.device)
-    out.index_add_(0, indices, values)
+    out = dense_zeros(info.numel, info.dtype, values.device)
+    out.scatter_add_(0, indices, values)  # in index order: the same sums on every rank
     return out.div_(len(payloads)).view(info.shape)
 
 
@@ -93,17 +120,22 @@ class Sparsifier(Compressor):
     def select(self, flat: torch.Tensor, name: str) -> torch.Tensor:
         """Flat indices (int32/int64) of the elements of the 1-D, non-empty `flat` to send."""
 
+    def sparse_payload(self, flat: torch.Tensor, name: str) -> Payload:
+        """(values, indices) of the 1-D, non-empty `flat`: `select`, then a gather (methods
+        whose selection already read the values return them instead)."""
+        return sparsify(flat, self.select(flat, name))
+
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         flat = tensor.reshape(-1)
         if flat.numel():
-            indices = self.select(flat, name)
+            payload = self.sparse_payload(flat, name)
         else:
-            indices = torch.empty(0, dtype=torch.int64, device=flat.device)
+            payload = sparsify(flat, torch.empty(0, dtype=torch.int64, device=flat.device))
         k = self.target_k(flat.numel())
         if k is not None:
             self.metrics.add("k", k)
-        self.metrics.add("k_hat", indices.numel())
-        return sparsify(flat, indices), TensorInfo.of(tensor)
+        self.metrics.add("k_hat", payload[1].numel())
+        return payload, TensorInfo.of(tensor)
 
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
         return desparsify(payload[0], payload[1], ctx)

@@ -39,6 +39,11 @@ def test_compressors_suite_runs(tmp_path):
     sidco = next(r for r in records if r["method"] == "sidco_gp")
     assert sidco["stages"] >= 1 and sidco["quality_first"] > 0
     assert "topk_speedup" in proc.stdout and "quality_first" in proc.stdout
+    for rec in records:  # whole cost, receive side and memory are reported
+        assert rec["x_read_total"] >= rec["x_read"] and "topk_speedup_total" in rec
+        assert (rec["receive_x_read"] != rec["receive_x_read"]) == (rec["method"] in ("randomk",
+                                                                                      "none"))
+        assert rec["mem_decompress_x"] >= 0 or rec["mem_decompress_x"] != rec["mem_decompress_x"]
 
 
 def test_gradient_stream_concatenates_training_steps():

@@ -148,7 +148,7 @@ def adapt_run(kind, rule, d, steps=100):
     """Stages and k_hat/k over `steps` steps of a SIDCo compressor at ratio 0.001 fed a cycle
     of 10 independent samples (fresh enough for the windowed means, and cheap)."""
     pool = [draw(kind, d, 100 + i) for i in range(10)]
-    comp = SIDCo(0.001, adapt={"rule": rule})
+    comp = SIDCo(0.001, stages=1, adapt={"rule": rule})  # the rules' dynamics from M = 1
     ms, qs = [], []
     for step in range(steps):
         qs.append(quality(comp, pool[step % len(pool)]))
@@ -167,6 +167,26 @@ def test_adaptation_rules():
         assert ms[-1] == 4, (rule, ms)
     ms, _ = adapt_run("laplace", "bidirectional", D_SMALL, steps=40)
     assert set(ms) == {1}
+
+
+@pytest.mark.parametrize("variant", ["sidco_e", "sidco_gp", "sidco_gamma_gp"])
+def test_stages_auto_estimates_m_on_the_first_call(variant):
+    """stages: auto (the default) picks M from a sample of the first call's tensor: k_hat/k
+    within 1 +- 0.2 over the first ten calls, where starting from M = 1 keeps 3-5x k on
+    t(3) and under 0.1 k on Gaussian data until the adaptation catches up."""
+    for kind in ("laplace", "t3", "gaussian"):
+        comp = SIDCo(0.001, variant=variant)
+        qs = [quality(comp, draw(kind, D_BIG, 200 + i)) for i in range(10)]
+        assert abs(np.mean(qs) - 1) <= 0.2, (kind, qs)
+    laplace = SIDCo(0.001, variant=variant)
+    quality(laplace, draw("laplace", D_SMALL, 0))
+    assert laplace.adapters["g"].stages == 1  # one stage suffices: the fewest passes
+    assert not laplace.adapters["g"].unset
+    state = laplace.state_dict()
+    laplace.set_epoch(0)
+    fresh = SIDCo(0.001, variant=variant)
+    fresh.load_state_dict(state)
+    assert not fresh.adapters["g"].unset and fresh.adapters["g"].stages == 1
 
 
 def test_bidirectional_rule_step_by_step():
@@ -421,7 +441,7 @@ def test_ratio_schedule_and_sidco_reset():
         RatioSchedule(0.01, 2, [0.5])
     with pytest.raises(ConfigError, match="warmup_ratios"):
         RatioSchedule(0.01, ratios=[2.0])
-    comp = SIDCo(0.001, warmup_epochs=4)
+    comp = SIDCo(0.001, stages=1, warmup_epochs=4)
     assert comp.ratio == pytest.approx(0.2512, abs=1e-4) and comp.m_max == 1
     comp.set_epoch(1)
     assert comp.ratio == pytest.approx(0.0631, abs=1e-4) and comp.m_max == 4

@@ -9,20 +9,25 @@ spec's double hashing (h1 + i h2) mod w degenerates for small slices: with w = 2
 every slice bit follows the parity of h1 and the measured false-positive rate is 0.5 instead
 of 0.001; it stays several times above Lemma 2 up to r ~ 100.)
 
-Decoding queries all d positions at once in chunks, slice by slice, each slice testing only
-the survivors of the previous ones (about half pass each slice); the positions of the first
-`table_slices` slices come from a per-tensor cache (the paper's precomputed table H^{d,k}).
+Decoding queries all d positions slice by slice, each slice testing only the survivors of
+the previous ones (about half pass each slice). On the CPU (option ``kernel``, numba) insert,
+query and the positives' filter bits are one kernel call each (`bloom_kernels`), with
+nothing cached between calls; the torch code (any device) queries in chunks and can cache
+the positions of the first `table_slices` slices per tensor (the paper's precomputed table
+H^{d,k}, 4 d bytes per slice and tensor for the life of the codec; off by default).
 Section: k (u8), w (u32), ceil(m / 8) bytes of bits.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import struct
 import warnings
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from grace.validation import MissingDependency, PayloadError, check_choice, check_range
@@ -46,6 +51,13 @@ def expected_fpr(r: int, k: int, m: int) -> float:
     return (1.0 - math.exp(-k * r / m)) ** k
 
 
+@functools.lru_cache(maxsize=1024)
+def hash_family(seed: int, k: int, w: int) -> HashFamily:
+    """`HashFamily(seed, k, w)`, kept for the filters of the last tensors (a few hundred
+    bytes each): sender and receiver build the same family per tensor and step."""
+    return HashFamily(seed, k, w)
+
+
 class HashFamily:
     """The k slice hashes of one filter (seed sigma, slice width w)."""
 
@@ -53,6 +65,7 @@ class HashFamily:
         self.k, self.w = k, w
         base = mix(seed)
         self.salts = [mix(base + i + 1) for i in range(k)]
+        self.kernel_args: tuple[np.ndarray, int, np.uint64] | None = None  # NumbaBloom's
 
     def slice(self, x: torch.Tensor, i: int) -> torch.Tensor:
         """Bit positions of the elements `x` in slice i."""
@@ -63,7 +76,26 @@ class HashFamily:
         return torch.stack([self.slice(x, i) for i in range(self.k)], dim=1)
 
 
-class TorchBloom:
+class BitBackend:
+    """A backend on unpacked filter bits (bool, k w of them); the codec exchanges packed
+    bits (`grace.wire.pack_bits`) through `insert_packed` and `query_packed`."""
+
+    def insert(self, indices: torch.Tensor, family: HashFamily) -> torch.Tensor:
+        raise NotImplementedError
+
+    def query(self, bits: torch.Tensor, family: HashFamily, d: int,
+              cache: tuple[str, int] | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def insert_packed(self, indices: torch.Tensor, family: HashFamily) -> torch.Tensor:
+        return pack_bits(self.insert(indices, family))
+
+    def query_packed(self, packed: torch.Tensor, family: HashFamily, d: int,
+                     cache: tuple[str, int] | None) -> torch.Tensor:
+        return self.query(unpack_bits(packed, family.k * family.w), family, d, cache)
+
+
+class TorchBloom(BitBackend):
     """Vectorised insert and query (CPU or CUDA). `cache` keys the position table of a
     query by (tensor name, seed); None computes every hash."""
 
@@ -117,7 +149,65 @@ class TorchBloom:
         return family.positions(x)
 
 
-class PyBloom:
+@functools.cache
+def _kernels() -> Any:
+    """The numba kernels (imported on first use: numba is optional)."""
+    from gracecomm.compressors.deepreduce import bloom_kernels
+
+    return bloom_kernels
+
+
+class NumbaBloom:
+    """The kernels of `bloom_kernels` on packed bits (CPU): one call per insert, query and
+    positions, no cache."""
+
+    @property
+    def kernels(self) -> Any:
+        return _kernels()
+
+    def _hash(self, family: HashFamily) -> tuple[np.ndarray, int, np.uint64]:
+        if family.kernel_args is None:  # families are shared (`hash_family`): once each
+            family.kernel_args = self.kernels.hash_args(family.salts, family.w)
+        return family.kernel_args
+
+    def insert_packed(self, indices: torch.Tensor, family: HashFamily) -> torch.Tensor:
+        return torch.from_numpy(self.kernels.insert(indices.numpy(), *self._hash(family)))
+
+    def query_packed(self, packed: torch.Tensor, family: HashFamily, d: int,
+                     cache: tuple[str, int] | None) -> torch.Tensor:
+        expected = family.k * family.w // 4  # about 2 r at the usual rates; the buffer grows
+        return torch.from_numpy(self.kernels.query(packed.numpy(), *self._hash(family), d,
+                                                   expected))
+
+    def positions(self, x: torch.Tensor, family: HashFamily) -> torch.Tensor:
+        return torch.from_numpy(self.kernels.slots(x.numpy(), *self._hash(family)))
+
+    def policy(self, policy: str, mode: str) -> int | None:
+        """The kernels' code of a policy they apply in `sender`/`receiver` (P0, P2)."""
+        if policy == "p0":
+            return self.kernels.P0
+        if policy == "p2":
+            return self.kernels.P2_ROUND_ROBIN if mode == "round_robin" else self.kernels.P2_COVER
+        return None
+
+    def sender(self, indices: torch.Tensor, family: HashFamily, d: int, step_seed: int,
+               policy: int) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, int]:
+        """(packed filter, number of positives, selection, which of it is true and how
+        many)."""
+        packed, count, chosen, true, hits = self.kernels.sender(
+            indices.numpy(), *self._hash(family), d, mix(step_seed), policy)
+        return torch.from_numpy(packed), int(count), torch.from_numpy(chosen), \
+            torch.from_numpy(true), int(hits)
+
+    def receiver(self, packed: torch.Tensor, family: HashFamily, d: int, n: int,
+                 step_seed: int, policy: int) -> tuple[int, torch.Tensor]:
+        """(number of positives, the selection of n)."""
+        count, chosen = self.kernels.receiver(packed.numpy(), *self._hash(family), d, n,
+                                              mix(step_seed), policy)
+        return int(count), torch.from_numpy(chosen)
+
+
+class PyBloom(BitBackend):
     """pybloom-live as a slow reference backend: its own hashes (no seed), the same
     sizing and section layout; one Python call per inserted and per queried element."""
 
@@ -165,10 +255,12 @@ class BloomIndex(IndexCodec):
 
     Options: ``fpr`` (target false-positive rate eps), ``policy``, ``p2_mode``
     (``round_robin``: Algorithm 1; ``cover``: thesis prioritisation), ``backend``
-    (``torch`` or ``pybloom``, the slow reference), ``kernel`` for P2 (``auto``, ``numba``,
-    ``python``), ``reseed_every_step`` (new hash seed each step instead of a fixed one per
-    tensor), ``table_slices`` (slices whose positions are cached per tensor, 4 d bytes
-    each; 0 = compute every hash) and ``chunk`` (positions queried at once)."""
+    (``torch`` or ``pybloom``, the slow reference), ``kernel`` (``auto``, ``numba``:
+    the numba kernels for CPU tensors and P2; ``python``: the torch code and plain-Python
+    P2), ``reseed_every_step`` (new hash seed each step instead of a fixed one per
+    tensor), and for the torch code ``table_slices`` (slices whose positions are cached per
+    tensor, 4 d bytes each; 0 = compute every hash) and ``chunk`` (positions queried at
+    once)."""
 
     codec_id = 8
     BACKENDS: ClassVar[tuple[str, ...]] = ("torch", "pybloom")
@@ -176,7 +268,7 @@ class BloomIndex(IndexCodec):
 
     def __init__(self, fpr: float = 0.001, policy: str = "p0", p2_mode: str = "round_robin",
                  value_source: str = "dense", backend: str = "torch", kernel: str = "auto",
-                 reseed_every_step: bool = False, table_slices: int = 3,
+                 reseed_every_step: bool = False, table_slices: int = 0,
                  chunk: int = 1 << 22) -> None:
         self.fpr = float(check_range(fpr, self.label, "fpr", 0.0, 1.0, low_open=True,
                                      high_open=True))
@@ -197,6 +289,7 @@ class BloomIndex(IndexCodec):
         self.sends_all_positives = self.policy == "p0"
         self.backend: TorchBloom | PyBloom = (PyBloom(self.fpr) if backend == "pybloom" else
                                               TorchBloom(self.table_slices, self.chunk))
+        self.kernels = NumbaBloom() if self.compiled and backend == "torch" else None
         if self.policy == "naive":
             warnings.warn(f"{self.label}: policy 'naive' shifts every value after a false "
                           "positive; with error feedback these errors accumulate (thesis "
@@ -207,54 +300,73 @@ class BloomIndex(IndexCodec):
         return ctx.step_seed if self.reseed_every_step else ctx.tensor_seed
 
     def _family(self, ctx: CodecCtx, k: int, w: int) -> HashFamily:
-        return HashFamily(self._seed(ctx), k, w)
+        return hash_family(self._seed(ctx), k, w)
 
-    def _query(self, bits: torch.Tensor, family: HashFamily, ctx: CodecCtx) -> torch.Tensor:
+    def _backend(self, device: torch.device) -> TorchBloom | PyBloom | NumbaBloom:
+        return self.kernels if self.kernels is not None and device.type == "cpu" else \
+            self.backend
+
+    def _query(self, packed: torch.Tensor, family: HashFamily, ctx: CodecCtx) -> torch.Tensor:
         cache = None if self.reseed_every_step else (ctx.name, ctx.tensor_seed)
-        return self.backend.query(bits, family, ctx.d, cache)
+        return self._backend(packed.device).query_packed(packed, family, ctx.d, cache)
 
     def _select(self, positives: torch.Tensor, r: int, family: HashFamily,
                 ctx: CodecCtx) -> torch.Tensor:
+        backend = self._backend(positives.device)
         return select(self.policy, positives, r, ctx.step_seed,
-                      lambda x: self.backend.positions(x, family), self.p2_mode, self.compiled)
+                      lambda x: backend.positions(x, family), self.p2_mode, self.compiled)
 
-    def _insert(self, indices: torch.Tensor, ctx: CodecCtx) -> tuple[HashFamily, torch.Tensor]:
+    def _fused(self, device: torch.device) -> int | None:
+        """The kernels' policy code when one kernel call does a side's whole work."""
+        if self._backend(device) is not self.kernels:
+            return None
+        return self.kernels.policy(self.policy, self.p2_mode)
+
+    def _encode_select(self, indices: torch.Tensor, ctx: CodecCtx
+                       ) -> tuple[HashFamily, torch.Tensor, int, torch.Tensor, torch.Tensor, int]:
+        """(family, packed filter, number of positives, selection, which of it is true and
+        how many)."""
         k, w = bloom_size(indices.numel(), self.fpr)
         family = self._family(ctx, k, w)
-        return family, self.backend.insert(indices, family)
+        policy = self._fused(indices.device)
+        if policy is not None:
+            return family, *self.kernels.sender(indices, family, ctx.d, ctx.step_seed, policy)
+        packed = self._backend(indices.device).insert_packed(indices, family)
+        positives = self._query(packed, family, ctx)
+        chosen = self._select(positives, indices.numel(), family, ctx)
+        true = torch.isin(chosen, indices)
+        return family, packed, positives.numel(), chosen, true, int(true.sum())
 
     # -- codec interface -------------------------------------------------------------------
     def encode(self, indices: torch.Tensor, ctx: CodecCtx) -> torch.Tensor:
         check_index_set(indices, ctx.d, self.label)
-        family, bits = self._insert(indices.to(torch.int64), ctx)
-        return self._section(family, bits)
+        k, w = bloom_size(indices.numel(), self.fpr)
+        family = self._family(ctx, k, w)
+        packed = self._backend(indices.device).insert_packed(indices.to(torch.int64), family)
+        return self._section(family, packed)
 
-    def _section(self, family: HashFamily, bits: torch.Tensor) -> torch.Tensor:
-        return torch.cat([pack_fields(self.HEADER, family.k, family.w, device=bits.device),
-                          pack_bits(bits)])
+    def _section(self, family: HashFamily, packed: torch.Tensor) -> torch.Tensor:
+        return torch.cat([pack_fields(self.HEADER, family.k, family.w, device=packed.device),
+                          packed])
 
     def select(self, indices: torch.Tensor, flat: torch.Tensor, ctx: CodecCtx) -> Selection:
         """Build the filter, run the receiver's decoder and choose the values to send."""
         check_index_set(indices, ctx.d, self.label)
         indices = indices.to(torch.int64)
         r = indices.numel()
-        family, bits = self._insert(indices, ctx)
-        positives = self._query(bits, family, ctx)
-        chosen = self._select(positives, r, family, ctx)
-        true_chosen = torch.isin(chosen, indices)
-        false_positives = positives.numel() - r
-        stats = {"bloom_positives": positives.numel(), "bloom_false_positives": false_positives,
+        family, packed, count, chosen, true_chosen, hits = self._encode_select(indices, ctx)
+        stats = {"bloom_positives": count, "bloom_false_positives": count - r,
                  "bloom_negatives": ctx.d - r, "bloom_selected": chosen.numel(),
-                 "bloom_policy_errors": int((~true_chosen).sum())}
+                 "bloom_policy_errors": chosen.numel() - hits}
         if self.policy == "naive":
             values_at = indices
-            values = flat[indices]
+            values = flat.index_select(0, indices)
         else:
             values_at = chosen
-            values = flat[chosen]
+            values = flat.index_select(0, chosen)
             if self.value_source == "sparse":
                 values = torch.where(true_chosen, values, torch.zeros_like(values))
-        return Selection(values_at, values, self._section(family, bits), stats)
+        return Selection(values_at, values, self._section(family, packed), stats)
 
     def decode(self, section: torch.Tensor, n: int, ctx: CodecCtx) -> torch.Tensor:
         (k, w), body = unpack_fields(self.HEADER, section, self.label)
@@ -264,9 +376,15 @@ class BloomIndex(IndexCodec):
                                f"{body.numel()} bytes; fpr {self.fpr} needs k = {want_k} and "
                                f"ceil(k w / 8) bytes")
         family = self._family(ctx, k, w)
-        positives = self._query(unpack_bits(body, k * w), family, ctx)
-        if n > positives.numel() or (self.sends_all_positives and n != positives.numel()):
+        policy = self._fused(body.device)
+        if policy is not None:
+            count, chosen = self.kernels.receiver(body, family, ctx.d, n, ctx.step_seed, policy)
+        else:
+            positives = self._query(body, family, ctx)
+            count = positives.numel()
+            chosen = self._select(positives, n, family, ctx) if n <= count else positives
+        if n > count or (self.sends_all_positives and n != count):
             why = " (policy p0 sends one per positive)" if self.sends_all_positives else ""
-            raise PayloadError(f"{self.label}: the filter has {positives.numel()} positives, "
+            raise PayloadError(f"{self.label}: the filter has {count} positives, "
                                f"the header announces {n} values{why}")
-        return self._select(positives, n, family, ctx)
+        return chosen

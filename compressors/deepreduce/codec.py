@@ -173,9 +173,10 @@ def check_index_set(indices: torch.Tensor, d: int, what: str, *, ascending: bool
     """Raise unless `indices` lie in [0, d) and, with `ascending`, strictly increase."""
     if indices.numel() == 0:
         return
-    lo, hi = int(indices.min()), int(indices.max())
+    a = indices.numpy() if indices.device.type == "cpu" else indices  # numpy: fewer overheads
+    lo, hi = int(a.min()), int(a.max())
     if lo < 0 or hi >= d:
         raise PayloadError(f"{what}: indices span [{lo}, {hi}], outside [0, {d})")
-    if ascending and indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()):
+    if ascending and a.shape[0] > 1 and not bool((a[1:] > a[:-1]).all()):
         raise PayloadError(f"{what}: indices must be strictly ascending (sort them first; "
                            "only raw32 and packed keep any order)")

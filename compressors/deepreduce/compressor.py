@@ -29,7 +29,7 @@ from grace.metrics import Metrics
 from grace.pipeline import make_part
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams, stable_hash
-from grace.sparse import Sparsifier
+from grace.sparse import Sparsifier, dense_zeros
 from grace.validation import ConfigError, PayloadError
 from gracecomm.compressors.cast import saturating_cast
 from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, VALUE_CODECS, CodecCtx, IndexCodec,
@@ -86,6 +86,8 @@ class DeepReduce(Compressor):
         self.value: ValueCodec = make_part(value, VALUE_CODECS, ValueCodec)
         self.seed = int(seed)
         self.streams = SharedStreams(self.seed)
+        self.tensor_seeds: dict[str, int] = {}  # one per tensor name
+        self.flags: dict[Flag, Flag] = {}  # `_expected_flags`, per kind of container
 
     def bind(self, comm: Communicator | None, metrics: Metrics) -> None:
         super().bind(comm, metrics)
@@ -96,13 +98,28 @@ class DeepReduce(Compressor):
         self.sparsifier.set_epoch(epoch)
 
     def _indices(self, flat: torch.Tensor, name: str) -> torch.Tensor:
-        """The sparsifier's index set, ascending."""
+        """The sparsifier's index set, ascending (the project's sparsifiers already send
+        them so; a sort only where they do not)."""
         payload, ctx = self.sparsifier.compress(flat, name)
-        indices = ctx.indices if isinstance(ctx, RandomKCtx) else payload[1]
-        return torch.sort(indices.to(torch.int64)).values
+        indices = (ctx.indices if isinstance(ctx, RandomKCtx) else payload[1]).to(torch.int64)
+        a = indices.numpy() if indices.device.type == "cpu" else indices
+        if a.shape[0] > 1 and not bool((a[1:] > a[:-1]).all()):
+            indices = torch.sort(indices).values
+        return indices
+
+    def _tensor_seed(self, name: str) -> int:
+        """H(seed, name), once per tensor name."""
+        if name not in self.tensor_seeds:
+            self.tensor_seeds[name] = stable_hash(self.seed, name)
+        return self.tensor_seeds[name]
 
     def _expected_flags(self, r_flag: Flag) -> Flag:
         """The flags a container with `r_flag` (0, EMPTY or FULL) must carry here."""
+        if r_flag not in self.flags:
+            self.flags[r_flag] = self._flags_for(r_flag)
+        return self.flags[r_flag]
+
+    def _flags_for(self, r_flag: Flag) -> Flag:
         if r_flag == Flag.EMPTY:
             return r_flag
         flags = r_flag
@@ -117,7 +134,7 @@ class DeepReduce(Compressor):
         flat = tensor.reshape(-1)
         d = flat.numel()
         ctx = DeepReduceCtx(TensorInfo.of(tensor),
-                            CodecCtx(d, name, stable_hash(self.seed, name),
+                            CodecCtx(d, name, self._tensor_seed(name),
                                      self.streams.next_seed(name), flat.device))
         indices = self._indices(flat, name)
         r = indices.numel()
@@ -173,7 +190,7 @@ class DeepReduce(Compressor):
         if r_flag not in (Flag(0), Flag.EMPTY, Flag.FULL) or flags != expected:
             raise PayloadError(f"{self.label}: container flags {int(flags):#x} do not match "
                                f"this configuration (expected {int(expected):#x})")
-        out = torch.zeros(info.numel, dtype=info.dtype, device=payload[0].device)
+        out = dense_zeros(info.numel, info.dtype, payload[0].device)
         if r_flag == Flag.EMPTY:
             if n or payload[0].numel() != HEADER_BYTES:
                 raise PayloadError(f"{self.label}: an empty container carries {n} values")
@@ -197,7 +214,7 @@ class DeepReduce(Compressor):
         elif sec.mapping.numel():
             raise PayloadError(f"{self.label}: unexpected mapping section of "
                                f"{sec.mapping.numel()} bytes")
-        out[positions] = values.to(info.dtype)
+        out.index_copy_(0, positions, values.to(info.dtype))
         return out.view(info.shape)
 
     def state_dict(self) -> dict[str, Any]:

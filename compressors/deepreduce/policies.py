@@ -113,23 +113,82 @@ def _p2_cover(members: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
     return selected
 
 
-_KERNELS: dict[tuple[str, bool], Callable[..., np.ndarray]] = {}
+def _conflict_sets(positions: np.ndarray, rank: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The conflict sets of the |P| x k filter bits `positions` with counting sorts only:
+    (members grouped by bit, each group by increasing priority; the groups' starts and
+    sizes in bit order; the groups by (size, bit); the positives by priority), from the
+    priority `rank` of every positive (a permutation of 0..|P|-1)."""
+    count, k = positions.shape
+    by_rank = np.empty(count, dtype=np.int64)
+    for x in range(count):
+        by_rank[rank[x]] = x
+    slots = 0
+    for x in range(count):
+        for j in range(k):
+            slots = max(slots, positions[x, j] + 1)
+    fill = np.zeros(slots + 1, dtype=np.int64)
+    for x in range(count):
+        for j in range(k):
+            fill[positions[x, j] + 1] += 1
+    largest = 0
+    for slot in range(slots):
+        largest = max(largest, fill[slot + 1])
+        fill[slot + 1] += fill[slot]
+    members = np.empty(count * k, dtype=np.int64)
+    for q in range(count):  # by priority: every group fills in priority order
+        x = by_rank[q]
+        for j in range(k):
+            members[fill[positions[x, j]]] = x
+            fill[positions[x, j]] += 1
+    sets = 0  # fill[slot] is now the end of the slot's group
+    for slot in range(slots):
+        sets += fill[slot] > (fill[slot - 1] if slot else 0)
+    starts = np.empty(sets, dtype=np.int64)
+    sizes = np.empty(sets, dtype=np.int64)
+    by_size = np.zeros(largest + 2, dtype=np.int64)
+    s = 0
+    for slot in range(slots):
+        begin = fill[slot - 1] if slot else 0
+        if fill[slot] > begin:
+            starts[s], sizes[s] = begin, fill[slot] - begin
+            by_size[sizes[s] + 1] += 1
+            s += 1
+    for size in range(largest + 1):
+        by_size[size + 1] += by_size[size]
+    set_order = np.empty(sets, dtype=np.int64)
+    for s in range(sets):  # stable: equal sizes stay in bit order
+        set_order[by_size[sizes[s]]] = s
+        by_size[sizes[s]] += 1
+    return members, starts, sizes, set_order, by_rank
 
 
-def p2_kernel(mode: str, compiled: bool) -> Callable[..., np.ndarray]:
-    """The P2 kernel for `mode`, numba-compiled (`compiled`) or plain Python."""
-    key = (mode, compiled)
-    if key not in _KERNELS:
-        fn = _p2_round_robin if mode == "round_robin" else _p2_cover
-        if compiled:
-            try:
-                import numba
-            except ImportError:
-                raise MissingDependency("the compiled P2 kernel needs numba: pip install "
-                                        "'numba>=0.59', or set kernel: python") from None
-            fn = numba.njit(cache=True, nogil=True)(fn)
-        _KERNELS[key] = fn
-    return _KERNELS[key]
+_JITTED: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def jit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` compiled by numba (once per process; cached on disk)."""
+    if fn not in _JITTED:
+        try:
+            import numba
+        except ImportError:
+            raise MissingDependency("the compiled P2 kernel needs numba: pip install "
+                                    "'numba>=0.59', or set kernel: python") from None
+        _JITTED[fn] = numba.njit(cache=True, nogil=True)(fn)
+    return _JITTED[fn]
+
+
+def p2_kernel(compiled: bool) -> Callable[[np.ndarray, np.ndarray, int, str], np.ndarray]:
+    """Policy P2 on the |P| x k filter bits of the positives and their priority ranks: a
+    bool mask over P; numba-compiled (`compiled`) or plain Python, the same source."""
+    sets, round_robin, cover = (jit(f) if compiled else f
+                                for f in (_conflict_sets, _p2_round_robin, _p2_cover))
+
+    def p2(positions: np.ndarray, rank: np.ndarray, r: int, mode: str) -> np.ndarray:
+        kernel = round_robin if mode == "round_robin" else cover
+        return kernel(*sets(positions, rank), r)
+
+    return p2
 
 
 def numba_available() -> bool:
@@ -144,18 +203,7 @@ def conflict_selection(positions: torch.Tensor, rank: torch.Tensor, r: int, mode
                        compiled: bool) -> torch.Tensor:
     """Policy P2 (paper Algorithm 1) on the |P| x k filter positions of the positives:
     conflict set C_j holds the positives that hash to bit j. Returns a bool mask over P."""
-    count, k = positions.shape
-    member = torch.arange(count, device=positions.device).repeat_interleave(k)
-    slots = positions.reshape(-1)
-    by_priority = torch.sort(rank[member], stable=True).indices
-    by_slot = by_priority[torch.sort(slots[by_priority], stable=True).indices]
-    _, sizes = torch.unique_consecutive(slots[by_slot], return_counts=True)
-    starts = torch.cumsum(sizes, 0) - sizes
-    set_order = torch.sort(sizes, stable=True).indices
-    by_rank = torch.empty_like(rank)
-    by_rank[rank] = torch.arange(count, device=rank.device)
-    arrays = [t.cpu().numpy() for t in (member[by_slot], starts, sizes, set_order, by_rank)]
-    mask = p2_kernel(mode, compiled)(*arrays, int(r))
+    mask = p2_kernel(compiled)(positions.cpu().numpy(), rank.cpu().numpy(), int(r), mode)
     return torch.from_numpy(mask).to(positions.device)
 
 
@@ -174,7 +222,12 @@ def select(policy: str, positives: torch.Tensor, r: int, step_seed: int,
     if policy == "middle":
         start = (size - r) // 2
         return positives[start:start + r]
-    rank = priority_rank(positives, step_seed)
+    if compiled and positives.device.type == "cpu":
+        from gracecomm.compressors.deepreduce.bloom_kernels import rank as kernel_rank
+
+        rank = torch.from_numpy(kernel_rank(positives.numpy(), mix(step_seed)))
+    else:
+        rank = priority_rank(positives, step_seed)
     if policy == "p1":
         return positives[rank < r]
     return positives[conflict_selection(positions(positives), rank, r, p2_mode, compiled)]

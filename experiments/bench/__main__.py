@@ -6,6 +6,7 @@ import json
 import os
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
@@ -34,6 +35,7 @@ def main(cfg: DictConfig) -> None:
     import_submodules("gracecomm.experiments.bench")
     check_choice(cfg.suite, sorted(SUITES), "bench", "suite")
     check_overrides(cfg.suite, list(HydraConfig.get().overrides.task))
+    torch.set_num_threads(int(cfg.get("threads", 1)))  # ratios of single-threaded CPU times
     records = SUITES[cfg.suite](cfg)
     out = os.path.join(HydraConfig.get().runtime.output_dir, "bench.json")
     with open(out, "w", encoding="utf-8") as f:

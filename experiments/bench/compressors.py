@@ -1,6 +1,14 @@
 """Suite ``compressors``: compress and decompress time, payload bytes, achieved k / target k
 and relative error ||g - C(g)|| / ||g|| of registered compressors, next to one read of the
-tensor (``t.sum()``) and ``torch.topk`` on ``|t|`` timed in the same run.
+tensor (``t.sum()``) and ``torch.topk`` on ``|t|`` timed in the same run: ``x_read`` and
+``topk_speedup`` compare compression alone, ``x_read_total`` and ``topk_speedup_total``
+compression plus decompression, as a user pays them. ``receive_x_read`` is the cost of
+aggregating one more rank's payload (`Compressor.aggregate` of ``receive_ranks`` payloads
+against one, per extra rank, in reads; summable methods are added by the allreduce itself).
+``mem_compress_x`` and ``mem_decompress_x`` are the peak extra resident memory of one call
+in units of the tensor's bytes, ``topk_mem_x`` that of ``torch.topk(|t|, k)``
+(`gracecomm.experiments.bench.PeakMemory`, measured after all timings; ``memory=false``
+skips it).
 
     gracecomm-bench                        # the defaults of configs/bench.yaml
     gracecomm-bench sizes=[2621440] ratios=[0.001] methods=[topk,sidco,dgc]
@@ -13,9 +21,9 @@ such accumulators drift until about 1/ratio steps have passed); sizes beyond one
 gradient concatenate the latest training steps. Every method sees
 ``steps`` fresh samples of each source and size (so adaptive methods such as SIDCo settle);
 ``quality`` is the mean k_hat / k over the second half of them, ``quality_first`` the first
-call's (SIDCo's single-stage fit), ``quality_p5``/``quality_p95`` the band over the second
-half, ``stages`` SIDCo's last number of stages. Times are the best of ``repeats`` calls on the
-last sample.
+call's, ``quality_first10`` the mean over the first ten, ``quality_p5``/``quality_p95`` the
+band over the second half, ``stages`` SIDCo's last number of stages. Times are the best of
+``repeats`` calls on the last sample.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from grace.registry import COMPRESSORS
 from grace.timing import best_of
 from grace.validation import ConfigError, num_kept
 from grace.wire import payload_nbytes
-from gracecomm.experiments.bench import Record, suite
+from gracecomm.experiments.bench import PeakMemory, Record, suite
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 Sampler = Callable[[int, int], torch.Tensor]  # (numel, step) -> tensor
@@ -197,6 +205,29 @@ def measure(compressor: Any, tensor: torch.Tensor, repeats: int) -> Record:
             "rel_error": err}
 
 
+def receive(compressor: Any, tensor: torch.Tensor, repeats: int, ranks: int) -> float:
+    """Seconds `aggregate` spends per extra rank's payload: (ranks payloads - one) /
+    (ranks - 1); NaN for summable compressors (allreduce adds their payloads)."""
+    if compressor.summable or ranks < 2:
+        return math.nan
+    calls = [compressor.compress(tensor, "bench") for _ in range(ranks)]
+    payloads, ctx = [payload for payload, _ in calls], calls[-1][1]
+    one = best_of(lambda: compressor.aggregate(payloads[:1], ctx), repeats)
+    many = best_of(lambda: compressor.aggregate(payloads, ctx), repeats)
+    compressor.metrics.pop()
+    return max(0.0, many - one) / (ranks - 1)
+
+
+def peak_memory(compressor: Any, tensor: torch.Tensor, peak: PeakMemory) -> Record:
+    """Peak extra memory of one compress and one decompress, in tensor sizes."""
+    nbytes = tensor.numel() * tensor.element_size()
+    payload, ctx = compressor.compress(tensor, "bench")
+    out = {"mem_compress_x": peak(lambda: compressor.compress(tensor, "bench")) / nbytes,
+           "mem_decompress_x": peak(lambda: compressor.decompress(payload, ctx)) / nbytes}
+    compressor.metrics.pop()
+    return out
+
+
 def quality_band(values: list[float]) -> Record:
     """Mean and 5th/95th percentiles of k_hat / k over the second half of the steps."""
     late = torch.tensor(values[len(values) // 2:], dtype=torch.float64)
@@ -211,6 +242,8 @@ def quality_band(values: list[float]) -> Record:
 def run(cfg: DictConfig) -> list[Record]:
     records: list[Record] = []
     steps = max(1, int(cfg.get("steps", 1)))
+    ranks = int(cfg.get("receive_ranks", 4))
+    later: list[tuple[Sampler, int, list[tuple[Record, Any]]]] = []  # for the memory pass
     for source, sample in sources(cfg):
         for numel in map(int, cfg.sizes):
             instances = list(method_instances(cfg.methods, list(cfg.ratios)))
@@ -229,18 +262,43 @@ def run(cfg: DictConfig) -> list[Record]:
                 read_s = min(read_s, best_of(lambda: tensor.sum(), cfg.repeats))
                 timed.append({"method": label, "dist": source, "numel": numel, "ratio": ratio,
                               **measure(compressor, tensor, int(cfg.repeats)),
+                              "receive_s": receive(compressor, tensor, int(cfg.repeats), ranks),
                               **quality_band([q for q, _ in seen]),
-                              "quality_first": seen[0][0], "stages": seen[-1][1]})
+                              "quality_first": seen[0][0],
+                              "quality_first10": sum(q for q, _ in seen[:10]) / len(seen[:10]),
+                              "stages": seen[-1][1]})
             for rec in timed:
                 label, ratio = rec["method"], rec["ratio"]
+                total = rec["compress_s"] + rec["decompress_s"]
                 rec["read_s"] = read_s
                 rec["topk_s"] = topk_s.get(ratio, math.nan)
                 rec["x_read"] = rec["compress_s"] / read_s
-                rec["x_read_total"] = (rec["compress_s"] + rec["decompress_s"]) / read_s
+                rec["x_read_total"] = total / read_s
                 rec["topk_speedup"] = rec["topk_s"] / rec["compress_s"]
+                rec["topk_speedup_total"] = rec["topk_s"] / total
+                rec["receive_x_read"] = rec["receive_s"] / read_s
                 records.append(rec)
                 print(f"{label:>14} {source:>16} {numel:>10} ratio={ratio} "
                       f"compress {1e3 * rec['compress_s']:.2f} ms "
-                      f"({rec['x_read']:.1f}x read, {rec['topk_speedup']:.1f}x faster than topk) "
+                      f"({rec['x_read']:.1f}x read, {rec['topk_speedup']:.1f}x faster than topk), "
+                      f"with decompress {rec['x_read_total']:.1f}x read "
+                      f"({rec['topk_speedup_total']:.1f}x faster than topk), "
                       f"k_hat/k {rec['quality']:.3f}", flush=True)
+            later.append((sample, numel, [(rec, c) for rec, (_, _, c) in zip(timed, instances)]))
+    if cfg.get("memory", True):
+        memory_pass(later, list(cfg.ratios), steps)
     return records
+
+
+def memory_pass(later: list[tuple[Sampler, int, list[tuple[Record, Any]]]],
+                ratios: list[float], steps: int) -> None:
+    """Peak extra memory of every method and of ``torch.topk``, after all timings."""
+    peak = PeakMemory()
+    for sample, numel, entries in later:
+        tensor = sample(numel, steps)
+        nbytes = tensor.numel() * tensor.element_size()
+        topk_mem = {r: peak(lambda: torch.topk(tensor.abs(), num_kept(numel, r), sorted=False))
+                    / nbytes for r in ratios}
+        for rec, compressor in entries:
+            rec.update(peak_memory(compressor, tensor, peak))
+            rec["topk_mem_x"] = topk_mem.get(rec["ratio"], math.nan)

@@ -4,12 +4,16 @@
     gracecomm-bench suite=deepreduce_fig10
     gracecomm-bench suite=deepreduce +deepreduce.bloom_numel=262144
 
-``deepreduce``: (1) the Bloom filter's encode + decode (policy P0, FPR 0.001, Top-1% of
-``bloom_numel`` = 2.6M positions) with the torch backend and with pybloom-live (the
-reference, through the same codec) on the same index set, timed in the same run with
-``threads`` torch threads (default 1: pybloom-live is single-threaded); (2) every index and
-value codec on the Top-1% of a seeded Laplace tensor of ``numel`` = 36,864 elements: bytes
-of each container section next to Top-r's int32 indices and float32 values.
+``deepreduce``: (1) the Bloom filter's encode + decode (policies P0 and P2, FPR 0.001, Top-1%
+of ``bloom_numel`` = 2.6M positions) with the numba kernels, the torch code (with and
+without its position table) and pybloom-live (the reference, through the same codec, P0
+only) on the same index set, timed in the same run with ``threads`` torch threads (default
+1: pybloom-live is single-threaded), next to one read of a ``bloom_numel`` tensor; (2) one
+ResNet-20 step (``step_model``, its 59 gradients after a few training steps): compress +
+decompress of every gradient with DeepReduce over Top-1% (Bloom P2, Bloom P0, raw32) next to
+Top-1% itself; (3) every index and value codec on the Top-1% of a seeded Laplace tensor of
+``numel`` = 36,864 elements: bytes of each container section next to Top-r's int32 indices
+and float32 values.
 
 ``deepreduce_fig10``: the paper's data-volume comparison (Fig. 10) on a real convolution
 gradient: ResNet-20 trains ``epochs`` epochs on the synthetic prototype images (CIFAR-10
@@ -124,27 +128,40 @@ def evaluate(method: str, index: Any, value: Any, t: torch.Tensor, ratio: float,
             "per": stats.get("bloom_per_mean", float("nan"))}
 
 
+BLOOM_VARIANTS = (  # (label, codec options, timed calls)
+    ("numba kernels", {"kernel": "numba"}, None),
+    ("torch, table_slices=3", {"kernel": "python", "table_slices": 3}, None),
+    ("torch, table_slices=0", {"kernel": "python"}, None),
+    ("pybloom-live", {"kernel": "python", "backend": "pybloom"}, 1),
+)
+
+
 def bloom_speed(numel: int, ratio: float, fpr: float, repeats: int) -> list[Record]:
-    """P0 encode (insert + the receiver's query, run by the sender) + decode, torch backend
-    vs pybloom-live through the same codec, on the same index set."""
+    """Encode (insert + the receiver's query and policy, run by the sender) + decode, P0 and
+    P2, in every implementation on the same index set (pybloom-live: P0 only, one call)."""
     gen = torch.Generator().manual_seed(0)
     r = max(1, int(ratio * numel))
     indices = torch.randperm(numel, generator=gen)[:r].sort().values
     flat = torch.randn(numel, generator=gen)
     ctx = CodecCtx(numel, "bench", 1, 2, torch.device("cpu"))
+    read_s = best_of(flat.sum, repeats)
     out = []
-    for backend, table, reps in (("torch", 3, repeats), ("torch", 0, repeats), ("pybloom", 0, 1)):
-        codec = BloomIndex(fpr=fpr, policy="p0", backend=backend, table_slices=table)
-        sel = codec.select(indices, flat, ctx)  # warm-up: fills the position table
-        encode = best_of(lambda: codec.select(indices, flat, ctx), reps, warmup=0)
-        decode = best_of(lambda: codec.decode(sel.section, sel.values_at.numel(), ctx), reps,
-                         warmup=0)
-        name = "pybloom-live" if backend == "pybloom" else f"torch, table_slices={table}"
-        out.append({"method": f"bloom-p0 {name}", "numel": numel, "ratio": ratio,
-                    "compress_s": encode, "decompress_s": decode,
-                    "payload_bytes": sel.section.numel(),
-                    "index_vs_int32": sel.section.numel() / (4 * r),
-                    "positives": sel.stats["bloom_positives"]})
+    for policy in ("p0", "p2"):
+        for name, options, reps in BLOOM_VARIANTS:
+            if policy == "p2" and "backend" in options:
+                continue
+            codec = BloomIndex(fpr=fpr, policy=policy, **options)
+            reps = reps or repeats
+            sel = codec.select(indices, flat, ctx)  # warm-up: fills the position table
+            encode = best_of(lambda: codec.select(indices, flat, ctx), reps, warmup=0)
+            decode = best_of(lambda: codec.decode(sel.section, sel.values_at.numel(), ctx),
+                             reps, warmup=0)
+            out.append({"method": f"bloom-{policy} {name}", "numel": numel, "ratio": ratio,
+                        "compress_s": encode, "decompress_s": decode, "read_s": read_s,
+                        "x_read_total": (encode + decode) / read_s,
+                        "payload_bytes": sel.section.numel(),
+                        "index_vs_int32": sel.section.numel() / (4 * r),
+                        "positives": sel.stats["bloom_positives"]})
     total = {rec["method"]: rec["compress_s"] + rec["decompress_s"] for rec in out}
     reference = total["bloom-p0 pybloom-live"]
     for rec in out:
@@ -152,36 +169,73 @@ def bloom_speed(numel: int, ratio: float, fpr: float, repeats: int) -> list[Reco
     return out
 
 
+STEP_METHODS = (("Top-1%", None), ("DR bloom p2", {"name": "bloom", "policy": "p2"}),
+                ("DR bloom p0", {"name": "bloom", "policy": "p0"}), ("DR raw32", "raw32"))
+
+
+def model_step(model: str, data: str, seed: int, repeats: int) -> list[Record]:
+    """One step of a model's gradients: compress + decompress of each with DeepReduce over
+    Top-1% next to Top-1% itself, the methods interleaved, best CPU time of `repeats`."""
+    stream = GradientStream(model, data, seed, warmup_steps=3)
+    grads = [(n, p.grad.detach().clone()) for n, p in stream.model.named_parameters()]
+    methods = [(label, TopK(0.01) if index is None else DeepReduce(TopK(0.01), index, "raw"))
+               for label, index in STEP_METHODS]
+
+    def step(compressor: Any) -> None:
+        for name, g in grads:
+            compressor.decompress(*compressor.compress(g, name))
+
+    best = {label: float("inf") for label, _ in methods}
+    for label, compressor in methods:
+        compressor.bind(None, Metrics())
+        step(compressor)
+    for _ in range(repeats):
+        for label, compressor in methods:
+            best[label] = min(best[label], best_of(lambda c=compressor: step(c), 1, warmup=0))
+    top = best["Top-1%"]
+    return [{"method": f"{model} step: {label}", "tensors": len(grads),
+             "numel": sum(g.numel() for _, g in grads), "step_s": best[label],
+             "vs_top1": best[label] / top} for label, _ in methods]
+
+
 @suite("deepreduce")
 def run(cfg: DictConfig) -> list[Record]:
     opt = options(cfg, "deepreduce", numel=36_864, ratio=0.01, bloom_numel=2_621_440,
-                  fpr=0.001, threads=1, repeats=int(cfg.repeats))
+                  fpr=0.001, threads=1, repeats=int(cfg.repeats), step_model="resnet20",
+                  step_data="prototypes")
     with threads(int(opt["threads"])):
         speed = bloom_speed(int(opt["bloom_numel"]), float(opt["ratio"]), float(opt["fpr"]),
                             int(opt["repeats"]))
+        steps = model_step(str(opt["step_model"]), str(opt["step_data"]), int(cfg.seed),
+                           max(5, int(opt["repeats"])))
         t = synthetic("laplace", int(opt["numel"]), int(cfg.seed))
         sizes = [evaluate(f"{label(i)} + raw", i, "raw", t, opt["ratio"], opt["repeats"])
                  for i in INDEX]
         sizes += [evaluate(f"raw32 + {label(v)}", "raw32", v, t, opt["ratio"], opt["repeats"])
                   for v in VALUE]
     print(format_table(speed, ["method", "numel", "compress_s", "decompress_s",
-                               "payload_bytes", "index_vs_int32", "speedup_vs_pybloom"]))
+                               "x_read_total", "payload_bytes", "index_vs_int32",
+                               "speedup_vs_pybloom"]))
+    print()
+    print(format_table(steps, ["method", "tensors", "numel", "step_s", "vs_top1"]))
     print()
     print(format_table(sizes, ["method", "payload_bytes", "index_bytes", "value_bytes",
                                "mapping_bytes", "index_vs_int32", "value_vs_fp32", "vs_topk",
                                "rel_error", "compress_s", "decompress_s"]))
     by = {rec["method"]: rec for rec in sizes}
     poly, dexp = by["raw32 + polyfit"], by["raw32 + dexp"]
+    p2_step = next(rec for rec in steps if rec["method"].endswith("bloom p2"))
     print("\ntargets (same run):")
     print(f"  bloom P0 encode+decode vs pybloom-live  "
           f"{speed[0]['speedup_vs_pybloom']:8.1f}x  (>= 50x)")
+    print(f"  {p2_step['method']} / Top-1% step  {p2_step['vs_top1']:8.2f}x  (<= 5x)")
     print(f"  bloom P0 fpr {opt['fpr']} indices / int32     "
           f"{by['bloom(policy=p0) + raw']['index_vs_int32']:8.3f}   (<= 0.50)")
     print(f"  Fit-Poly container / Top-r 8r bytes     {poly['vs_topk']:8.3f}   (<= 0.65; "
           f"rel. error {poly['rel_error']:.4f})")
     print(f"  Fit-DExp container / Top-r 8r bytes     {dexp['vs_topk']:8.3f}   (<= 0.55; "
           f"rel. error {dexp['rel_error']:.4f})\n")
-    return speed + sizes
+    return speed + steps + sizes
 
 
 def conv_gradient(cfg: DictConfig, opt: dict[str, Any]) -> torch.Tensor:
