@@ -28,6 +28,7 @@ from scipy import special
 from grace.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
 from grace.exceedance import Moments, above, moments, rounded, select
 from grace.registry import COMPRESSORS
+from grace.sparse import DEFAULT_RATIO
 from grace.validation import ConfigError, check_choice, check_range
 
 VARIANTS = {  # variant: (stage-1 model, model of the later stages)
@@ -213,7 +214,7 @@ class SIDCo(ThresholdSparsifier):
     tensors smaller than this by exact Top-k (G3, besides d < 1/ratio); ``max_overshoot`` c
     trims a selection above c k to its exact top k (G7)."""
 
-    def __init__(self, ratio: float = 0.001, variant: str = "sidco_e",
+    def __init__(self, ratio: float = DEFAULT_RATIO, variant: str = "sidco_e",
                  first_stage_ratio: float = 0.25, stages: int = 1, stage_ratio: str = "fixed",
                  adapt: Mapping[str, Any] | None = None, gamma_quantile: str = "closed_form",
                  gamma_newton: int = 0, gp_negative_shape: str = "exp",

@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 
 from grace.registry import COMPRESSORS
-from grace.sparse import Sparsifier
+from grace.sparse import DEFAULT_RATIO, Sparsifier
 
 
 @COMPRESSORS.register("topk")
 class TopK(Sparsifier):
     """Exact per-tensor Top-k; k_hat = k always. Pair with residual memory."""
 
-    def __init__(self, ratio: float = 0.01) -> None:
+    def __init__(self, ratio: float = DEFAULT_RATIO) -> None:
         super().__init__(ratio)
 
     def select(self, flat: torch.Tensor, name: str) -> torch.Tensor:
