@@ -40,6 +40,7 @@ from grace.network import COLLECTIVE_KEYS, Network, networks, overhead_time, pro
 from grace.rng import stable_hash
 from grace.validation import ConfigError, check_choice, check_range
 from gracecomm.experiments import checkpoint
+from gracecomm.experiments.method_defaults import RECORD_KEY, apply_method_defaults, given_keys
 from gracecomm.experiments.tasks import Task, make_task
 
 SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "compress_s", "decompress_s",
@@ -367,7 +368,8 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                    metric=task.metric, metric_label=task.label,
                    higher_is_better=task.higher_is_better,
                    compressor=grace.compressor.registry_name, memory=grace.memory.registry_name,
-                   communicator=grace.communicator.registry_name)
+                   communicator=grace.communicator.registry_name,
+                   **{RECORD_KEY: cfg_dict.get(RECORD_KEY, {})})
     if logger is not None:
         logger.finish(summary)
         print(format_summary(summary, run_dir), flush=True)
@@ -436,6 +438,8 @@ def _sweep_group() -> str | None:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> float:
+    for line in apply_method_defaults(cfg, given_keys(HydraConfig.get().overrides.task)):
+        print(line, flush=True)
     validate(cfg)
     run_dir = HydraConfig.get().runtime.output_dir
     group = _sweep_group()
