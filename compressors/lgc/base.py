@@ -86,8 +86,9 @@ class LGC(Compressor):
         "optimizer": "adam", "lr": 1e-3, "lambda1": 1.0, "leaky_slope": 0.01,
         "input_scale": "rms"}
 
-    def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200, ae_train_iters: int = 300,
-                 first_layer: Any = "auto", last_layer: Any = "auto", seed: int = 0,
+    def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200,
+                 ae_train_iters: int = 300, first_layer: Any = "auto",
+                 last_layer: Any = "auto", seed: int = 0,
                  index_coding: Mapping[str, Any] | None = None,
                  ae: Mapping[str, Any] | None = None) -> None:
         super().__init__()

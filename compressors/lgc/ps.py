@@ -84,8 +84,9 @@ class LGCPS(LGC):
     decoder_innovation = True
     AE_DEFAULTS: ClassVar[dict[str, Any]] = {**LGC.AE_DEFAULTS, "lambda2": 0.5}
 
-    def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200, ae_train_iters: int = 300,
-                 first_layer: Any = "auto", last_layer: Any = "auto", seed: int = 0,
+    def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200,
+                 ae_train_iters: int = 300, first_layer: Any = "auto",
+                 last_layer: Any = "auto", seed: int = 0,
                  leader_rank: int = -1, indices: str = "own",
                  innovation: Mapping[str, Any] | None = None,
                  index_coding: Mapping[str, Any] | None = None,

@@ -58,8 +58,9 @@ class LGCRar(LGC):
     communicators = ("allreduce",)
     default_communicator = "allreduce"
 
-    def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200, ae_train_iters: int = 300,
-                 first_layer: Any = "auto", last_layer: Any = "auto", seed: int = 0,
+    def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200,
+                 ae_train_iters: int = 300, first_layer: Any = "auto",
+                 last_layer: Any = "auto", seed: int = 0,
                  leader: str = "random", trainer_rank: int = 0,
                  index_coding: Mapping[str, Any] | None = None,
                  ae: Mapping[str, Any] | None = None) -> None:
