@@ -38,8 +38,9 @@ from grace.launch import (exit_now, finish_process_group, init_process_group,
                           launched_externally, spawn)
 from grace.network import COLLECTIVE_KEYS, Network, networks, overhead_time, project
 from grace.rng import stable_hash
-from grace.validation import ConfigError, check_choice, check_range
+from grace.validation import ConfigError, NonFiniteError, check_choice, check_range
 from gracecomm.experiments import checkpoint
+from gracecomm.experiments.collapse import CollapseWatch, Collapsed
 from gracecomm.experiments.method_defaults import RECORD_KEY, apply_method_defaults, given_keys
 from gracecomm.experiments.tasks import Task, make_task
 
@@ -304,6 +305,9 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
         from tqdm import tqdm
         progress = tqdm(total=total_steps, initial=position.step, unit="step",
                         desc=f"train [{grace.compressor.registry_name}]", dynamic_ncols=True)
+    watch = CollapseWatch(task, task.chance(data.test) if rank == 0 else None,
+                          grace.compressor.label, grace.compressor.sensitivities)
+
     def save(at: checkpoint.Position) -> None:
         checkpoint.save(checkpoint_dir, rank, world_size, at, model, optimizer,
                         grace.state_dict(), totals, fingerprint)
@@ -329,11 +333,15 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = task.loss(net(x), y)
-            loss.backward()
-            if not per_bucket:
-                exchange_gradients(model, grace, t.weight_decay if owner is not None else 0.0)
+            try:
+                loss.backward()
+                if not per_bucket:
+                    exchange_gradients(model, grace, t.weight_decay if owner is not None else 0.0)
+            except NonFiniteError as err:  # name the step: a gradient overflowed, not only a tensor
+                raise watch.diverged(step + 1, epoch, loss.item(), err) from err
             optimizer.step()
             loss_value = loss.item()
+            watch.loss(step + 1, epoch, loss_value)
             stats = grace.metrics.pop()
             stats["step_s"] = time.perf_counter() - start
             stats.update(project(stats, world_size, nets))
@@ -355,6 +363,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
             if not per_bucket:
                 broadcast_state(model, parameters=False)
             evals = evaluate(model, data.test, task, rank, world_size, device, t.batch_size)
+            watch.evaluated(step, epoch, evals[task.metric])
             evals["state_bytes"] = tensor_bytes(grace.state_dict())
             evals["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             if logger is not None:
@@ -368,11 +377,13 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                    metric=task.metric, metric_label=task.label,
                    higher_is_better=task.higher_is_better,
                    compressor=grace.compressor.registry_name, memory=grace.memory.registry_name,
-                   communicator=grace.communicator.registry_name,
-                   **{RECORD_KEY: cfg_dict.get(RECORD_KEY, {})})
+                   communicator=grace.communicator.registry_name, chance=watch.chance,
+                   collapse=watch.verdict(), **{RECORD_KEY: cfg_dict.get(RECORD_KEY, {})})
     if logger is not None:
         logger.finish(summary)
         print(format_summary(summary, run_dir), flush=True)
+        if summary["collapse"]:
+            print(f"!! {summary['collapse']['message']}", flush=True)
 
 
 def tensor_bytes(state: Any) -> int:
@@ -460,6 +471,8 @@ def main(cfg: DictConfig) -> float:
     if os.path.exists(summary_path):
         with open(summary_path, encoding="utf-8") as f:
             summary = json.load(f)
+        if summary.get("collapse") and group is None:  # a sweep goes on to its other runs
+            raise Collapsed(summary["collapse"]["message"])
         return float(summary.get(summary.get("metric", ""), float("nan")))
     return float("nan")
 
