@@ -450,7 +450,8 @@ def _sweep_group() -> str | None:
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> float:
     for line in apply_method_defaults(cfg, given_keys(HydraConfig.get().overrides.task)):
-        print(line, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # once, also under torchrun
+            print(line, flush=True)
     validate(cfg)
     run_dir = HydraConfig.get().runtime.output_dir
     group = _sweep_group()
