@@ -29,9 +29,9 @@ from grace.validation import check_range
 
 @COMPRESSORS.register("gaussiank")
 class GaussianK(ThresholdSparsifier):
-    sensitivities = ("compressor.ratio: the Gaussian quantile overshoots the threshold of the "
-                     "heavy-tailed error-compensated gradients, sending far fewer than k "
-                     "elements at small ratios (docs/sparsifiers.md)",)
+    sensitivities = (("compressor.ratio: the Gaussian quantile overshoots the threshold of "
+                      "the heavy-tailed error-compensated gradients, sending far fewer than k "
+                      "elements at small ratios (docs/sparsifiers.md)"),)
 
     def __init__(self, ratio: float = DEFAULT_RATIO, iterations: int = 3, nonfinite: str = "raise",
                  backend: str = "auto", warmup_epochs: int = 0,

@@ -39,11 +39,11 @@ class RandomK(Compressor):
     default_communicator = "allreduce"
     default_memory = "residual"
     training_defaults = MappingProxyType({"momentum": 0.0})
-    sensitivities = ("trainer.momentum: with error feedback each coordinate is sent with about "
-                     "1/ratio steps of residual at once, and heavy-ball momentum on those "
-                     "bursts diverges", "compressor.ratio: each coordinate is updated about "
-                     "once per 1/ratio steps, so short runs give every weight few updates "
-                     "(docs/sparsifiers.md)")
+    sensitivities = (("trainer.momentum: with error feedback each coordinate is sent with "
+                      "about 1/ratio steps of residual at once, and heavy-ball momentum on "
+                      "those bursts diverges"),
+                     ("compressor.ratio: each coordinate is updated about once per 1/ratio "
+                      "steps, so short runs give every weight few updates (docs/sparsifiers.md)"))
 
     def __init__(self, ratio: float = DEFAULT_RATIO, seed: int = 0, scale: str = "none") -> None:
         super().__init__()

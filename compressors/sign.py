@@ -118,8 +118,8 @@ class MajorityVote(SignCompressor):
     """Unscaled signs aggregated by majority vote (the update is sign(sum of signs)), so
     the optimizer moves every coordinate by +-lr: a far smaller step than SGD's."""
 
-    sensitivities = ("trainer.lr: every coordinate moves by +-lr whatever the gradient's "
-                     "size, so SGD's step sizes end at chance (docs/quantizers.md)",)
+    sensitivities = (("trainer.lr: every coordinate moves by +-lr whatever the gradient's "
+                      "size, so SGD's step sizes end at chance (docs/quantizers.md)"),)
 
     def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
         votes = torch.zeros(ctx.numel, dtype=torch.int32, device=payloads[0][0].device)
@@ -132,9 +132,9 @@ class MajorityVote(SignCompressor):
 # One bit per element with error feedback (EF-signSGD, 1-bit SGD) takes a smaller effective
 # step lr / (1 - momentum) than SGD on some models (docs/quantizers.md).
 EF_SIGN_DEFAULTS = MappingProxyType({"lr": 0.02})
-EF_SIGN_SENSITIVITIES = ("trainer.lr and trainer.momentum: error feedback on one bit per "
-                         "element oscillates at SGD's effective step lr / (1 - momentum) on "
-                         "some models (docs/quantizers.md)",)
+EF_SIGN_SENSITIVITIES = (("trainer.lr and trainer.momentum: error feedback on one bit per "
+                          "element oscillates at SGD's effective step lr / (1 - momentum) on "
+                          "some models (docs/quantizers.md)"),)
 
 
 @COMPRESSORS.register("signsgd")

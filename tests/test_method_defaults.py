@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from types import MappingProxyType
 
 import pytest
 from hydra.utils import get_class
@@ -80,11 +81,11 @@ def test_wrappers_take_their_parts_defaults():
 
 
 class _Fast(TopK):
-    training_defaults = {"lr": 0.5}
+    training_defaults = MappingProxyType({"lr": 0.5})
 
 
 class _Slow(_Fast):
-    training_defaults = {"lr": 0.001}
+    training_defaults = MappingProxyType({"lr": 0.001})
 
 
 def test_conflicting_and_unknown_defaults_are_refused():
@@ -93,7 +94,7 @@ def test_conflicting_and_unknown_defaults_are_refused():
         wrapper.adopt_training_needs([_Fast(), _Slow()])
     cfg = compose_train()
     wrong = _Fast()
-    wrong.training_defaults = {"learning_rate": 0.1}
+    wrong.training_defaults = MappingProxyType({"learning_rate": 0.1})
     with pytest.raises(ConfigError, match="'trainer.learning_rate', which is not a trainer option"):
         apply_method_defaults(cfg, set(), wrong)
 
