@@ -1,5 +1,5 @@
 """A method's training defaults: the trainer options its compressor declares it needs
-(`Compressor.training_defaults`, e.g. signSGD's ``lr`` 0.001), applied where the user did
+(`Compressor.training_defaults`, e.g. signSGD's ``lr`` 0.0005), applied where the user did
 not set the option.
 
 "Set" means given on the command line (or by the sweep for this job): such a value is kept.

@@ -61,7 +61,7 @@ class Compressor(ABC):
     What the method needs from its training loop, as data (wrappers take their parts'):
 
     - ``training_defaults``: trainer options the method needs to train, by option name
-      (signSGD's ``{"lr": 0.001}``: its update moves every coordinate by +-lr). Trainers apply
+      (signSGD's ``{"lr": 0.0005}``: its update moves every coordinate by +-lr). Trainers apply
       them to the options the user did not set (`gracecomm.experiments.method_defaults`).
     - ``sensitivities``: the settings the method is known to be sensitive to, one sentence
       each, which a trainer names when a run collapses or diverges.

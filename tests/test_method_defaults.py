@@ -41,7 +41,7 @@ def declared(name: str) -> dict:
 
 
 def test_some_methods_declare_training_defaults():
-    assert declared("signsgd") == {"lr": 0.001}
+    assert declared("signsgd") == {"lr": 0.0005} and declared("signum") == {"lr": 0.001}
     assert declared("randomk") == {"momentum": 0.0}
     assert declared("topk") == {}
 
@@ -60,9 +60,9 @@ def test_command_line_wins_and_the_run_says_so():
     cfg = compose_train("compressor=signsgd", "trainer.lr=0.01")
     lines = apply_method_defaults(cfg, given_keys(["compressor=signsgd", "trainer.lr=0.01"]))
     assert cfg.trainer.lr == 0.01 and dict(cfg[RECORD_KEY]) == {}
-    assert lines == ["signsgd: trainer.lr=0.01 (given; the method's default is 0.001)"]
+    assert lines == ["signsgd: trainer.lr=0.01 (given; the method's default is 0.0005)"]
     cfg = compose_train("compressor=signsgd")
-    assert apply_method_defaults(cfg, set()) == ["signsgd: trainer.lr=0.001 (method default)"]
+    assert apply_method_defaults(cfg, set()) == ["signsgd: trainer.lr=0.0005 (method default)"]
 
 
 def test_memory_reading_the_trainer_follows_the_default():
@@ -121,7 +121,7 @@ def test_experiments_get_the_method_defaults_over_their_recipe(experiment):
         if not compressor.training_defaults:
             assert cfg.trainer.lr == compose_train(*job).trainer.lr, job
     paper = resolved("+method=signsgd", "+experiment=grace_benchmark", "experiment.scale=paper")
-    assert paper.trainer.lr == 0.001 and paper.trainer.epochs == 160
+    assert paper.trainer.lr == 0.0005 and paper.trainer.epochs == 160
     assert resolved("+method=dense", "+experiment=grace_benchmark",
                     "experiment.scale=paper").trainer.lr == 0.1
 
