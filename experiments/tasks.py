@@ -61,12 +61,7 @@ class Task(ABC):
 
 def target_counts(test: Dataset) -> torch.Tensor:
     """How often each integer target occurs in `test` (every target of every example)."""
-    counts = torch.zeros(0, dtype=torch.int64)
-    for _, y in DataLoader(test, batch_size=1024):
-        batch = torch.bincount(y.reshape(-1))
-        counts = torch.cat([counts, counts.new_zeros(max(0, len(batch) - len(counts)))])
-        counts[:len(batch)] += batch
-    return counts
+    return torch.bincount(torch.cat([y.reshape(-1) for _, y in DataLoader(test, batch_size=1024)]))
 
 
 class Classification(Task):
