@@ -6,8 +6,10 @@ non-finite gradient is reported as a divergence at its step (`Divergence`).
 Chance is the test metric of a model that ignores its input (`Task.chance`: the majority
 class's share of the test set, the test tokens' unigram perplexity, K over the number of
 candidates). A run has learned once an evaluation closed `LEARNED_FRACTION` of the gap
-between chance and a perfect score (1 for every task's metric), so the near-chance
-evaluations at the start of a run, and short smoke runs, are not collapses.
+between chance and a perfect score (1 for every task's metric). A run collapsed when its
+last evaluation is at or below chance after it had learned, or after `MIN_EVALUATIONS`
+evaluations without ever learning (signSGD at SGD's step size); the near-chance evaluations
+at the start of a run, and short smoke runs, are not collapses.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from grace.validation import NonFiniteError
 from gracecomm.experiments.tasks import Task
 
 LEARNED_FRACTION = 0.1
+MIN_EVALUATIONS = 3
 
 
 class Divergence(NonFiniteError):
@@ -53,6 +56,13 @@ class CollapseWatch:
         self.nonfinite: Point | None = None  # first non-finite training loss
         self.best: Point | None = None       # best evaluation that counts as learned
         self.at_chance: Point | None = None  # first evaluation of the final run at chance
+        self.evaluations = 0
+
+    @property
+    def learned(self) -> float:
+        """The metric a run must beat to count as having learned."""
+        assert self.chance is not None
+        return self.chance + LEARNED_FRACTION * (1.0 - self.chance)
 
     def better(self, a: float, b: float) -> bool:
         """Whether metric value `a` is strictly better than `b` (NaN never is)."""
@@ -68,8 +78,8 @@ class CollapseWatch:
     def evaluated(self, step: int, epoch: int, value: float) -> None:
         if self.chance is None:
             return
-        learned = self.chance + LEARNED_FRACTION * (1.0 - self.chance)
-        if self.better(value, learned) and (self.best is None or self.better(value, self.best.value)):
+        self.evaluations += 1
+        if self.better(value, self.learned) and (self.best is None or self.better(value, self.best.value)):
             self.best = Point(step, epoch, value)
         if self.better(value, self.chance):
             self.at_chance = None
@@ -96,6 +106,12 @@ class CollapseWatch:
             what = (f"{label} fell to {at.value:.4g}, at or below chance ({self.chance:.4g}), "
                     f"at epoch {at.epoch} (step {at.step}) after reaching {best.value:.4g} at "
                     f"epoch {best.epoch}, and stayed there")
+            kind = "chance"
+        elif self.at_chance is not None and self.evaluations >= MIN_EVALUATIONS:
+            at, label = self.at_chance, self.task.label
+            what = (f"{label} was at or below chance ({self.chance:.4g}) from epoch {at.epoch} "
+                    f"(step {at.step}) to the end, and never above {self.learned:.4g} in "
+                    f"{self.evaluations} evaluations")
             kind = "chance"
         else:
             return None

@@ -44,8 +44,19 @@ def test_metric_back_at_chance_after_learning_is_a_collapse():
     assert verdict["sensitivities"] == ["trainer.lr: too large a step", "ratio: too few elements"]
 
 
+def test_a_run_that_never_learned_is_a_collapse_after_three_evaluations():
+    w = watch()
+    for epoch, acc in enumerate([0.11, 0.12, 0.1, 0.09]):
+        w.evaluated(epoch + 1, epoch, acc)
+    verdict = w.verdict()
+    assert verdict["kind"] == "chance" and verdict["epoch"] == 2
+    assert ("test accuracy was at or below chance (0.1) from epoch 2 (step 3) to the end, and "
+            "never above 0.19 in 4 evaluations") in verdict["message"]
+
+
 @pytest.mark.parametrize("accuracies", [
-    [0.09, 0.12, 0.11],        # never learned (a short run): not a collapse
+    [0.09, 0.12, 0.11],        # never learned but above chance at the end
+    [0.11, 0.09],              # two evaluations at chance (a short run): not a collapse
     [0.15, 0.08, 0.5, 0.9],    # near chance early, then learned
     [0.6, 0.1, 0.7],           # recovered by the end
 ])
