@@ -10,7 +10,8 @@ followed by the remaining tensors of the earlier stages (last to first).
 A receiver decodes a peer's later stages with its own ctx, so the first stage must keep a
 number of values that depends only on the tensor's shape (Top-k, Random-k); a peer whose
 count differs is rejected as a malformed payload. Capabilities follow the stages: summable
-(allreduce) only if every stage is, residual memory if any stage asks for it.
+(allreduce) only if every stage is, residual memory if any stage asks for it, and the
+training defaults and sensitivities of every stage.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Compose(Compressor):
                                else "none")
         allowed = [set(s.communicators) for s in stages if s.communicators is not None]
         self.communicators = (tuple(sorted(set.intersection(*allowed))) if allowed else None)
+        self.adopt_training_needs(stages)
 
     def needs(self) -> frozenset[Need]:
         return frozenset().union(*(stage.needs() for stage in self.stages))

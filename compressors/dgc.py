@@ -19,6 +19,7 @@ from grace.estimation import Selection, ThresholdSparsifier, empty_selection, ex
 from grace.exceedance import above, below, count_above, select, top_k_of
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams
+from grace.sparse import DEFAULT_RATIO
 from grace.validation import check_choice, check_range
 
 
@@ -41,7 +42,7 @@ class DGC(ThresholdSparsifier):
 
     default_memory = "dgc"
 
-    def __init__(self, ratio: float = 0.001, sample_ratio: float = 0.01,
+    def __init__(self, ratio: float = DEFAULT_RATIO, sample_ratio: float = 0.01,
                  sampling: str = "random", reselect_above: float = 1.0,
                  relax_below: float = 0.8, relax_factor: float = 0.8, relax_iters: int = 0,
                  seed: int = 0, nonfinite: str = "raise", backend: str = "auto",
@@ -109,7 +110,7 @@ class DGCReference(DGC):
     strided sampling, re-selection above 1.3 k, up to 10 relaxations by 0.8 while fewer than
     0.8 k are selected, and the 4-epoch density warm-up."""
 
-    def __init__(self, ratio: float = 0.001, sample_ratio: float = 0.01,
+    def __init__(self, ratio: float = DEFAULT_RATIO, sample_ratio: float = 0.01,
                  sampling: str = "strided", reselect_above: float = 1.3,
                  relax_below: float = 0.8, relax_factor: float = 0.8, relax_iters: int = 10,
                  seed: int = 0, nonfinite: str = "raise", backend: str = "auto",

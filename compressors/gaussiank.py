@@ -23,12 +23,17 @@ import torch
 from grace.estimation import Selection, ThresholdSparsifier, empty_selection
 from grace.exceedance import above, count_above, moments, select
 from grace.registry import COMPRESSORS
+from grace.sparse import DEFAULT_RATIO
 from grace.validation import check_range
 
 
 @COMPRESSORS.register("gaussiank")
 class GaussianK(ThresholdSparsifier):
-    def __init__(self, ratio: float = 0.001, iterations: int = 3, nonfinite: str = "raise",
+    sensitivities = (("compressor.ratio: the Gaussian quantile overshoots the threshold of "
+                      "the heavy-tailed error-compensated gradients, sending far fewer than k "
+                      "elements at small ratios (docs/sparsifiers.md)"),)
+
+    def __init__(self, ratio: float = DEFAULT_RATIO, iterations: int = 3, nonfinite: str = "raise",
                  backend: str = "auto", warmup_epochs: int = 0,
                  warmup_ratios: list[float] | None = None) -> None:
         super().__init__(ratio, backend=backend, nonfinite=nonfinite,

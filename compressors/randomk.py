@@ -5,6 +5,7 @@ be summed by allreduce."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -12,7 +13,7 @@ import torch
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams
-from grace.sparse import desparsify, index_mask
+from grace.sparse import DEFAULT_RATIO, desparsify, index_mask
 from grace.stochastic import counter_hash, kernels_enabled, second_key
 from grace.validation import check_choice, check_ratio, num_kept
 
@@ -84,8 +85,14 @@ class RandomK(Compressor):
     fixed_size = True
     default_communicator = "allreduce"
     default_memory = "residual"
+    training_defaults = MappingProxyType({"momentum": 0.0})
+    sensitivities = (("trainer.momentum: with error feedback each coordinate is sent with "
+                      "about 1/ratio steps of residual at once, and heavy-ball momentum on "
+                      "those bursts diverges"),
+                     ("compressor.ratio: each coordinate is updated about once per 1/ratio "
+                      "steps, so short runs give every weight few updates (docs/sparsifiers.md)"))
 
-    def __init__(self, ratio: float = 0.01, seed: int = 0, scale: str = "none") -> None:
+    def __init__(self, ratio: float = DEFAULT_RATIO, seed: int = 0, scale: str = "none") -> None:
         super().__init__()
         self.ratio = check_ratio(ratio, self.label)
         self.scale = check_choice(scale, ("none", "unbiased"), self.label, "scale")

@@ -22,11 +22,12 @@ import torch
 from grace.estimation import Selection, ThresholdSparsifier, empty_selection
 from grace.exceedance import above, count_above, moments, select
 from grace.registry import COMPRESSORS
+from grace.sparse import DEFAULT_RATIO
 
 
 @COMPRESSORS.register("redsync")
 class RedSync(ThresholdSparsifier):
-    def __init__(self, ratio: float = 0.001, strict_band: bool = False,
+    def __init__(self, ratio: float = DEFAULT_RATIO, strict_band: bool = False,
                  nonfinite: str = "raise", backend: str = "auto",
                  warmup_epochs: int = 0, warmup_ratios: list[float] | None = None) -> None:
         super().__init__(ratio, backend=backend, nonfinite=nonfinite,

@@ -33,6 +33,7 @@ from grace.exceedance import (Moments, above, below, count_above, moments, round
                               top_k_of)
 from grace.registry import COMPRESSORS
 from grace.rng import stable_hash
+from grace.sparse import DEFAULT_RATIO
 from grace.validation import ConfigError, check_choice, check_range
 
 VARIANTS = {  # variant: (stage-1 model, model of the later stages)
@@ -224,7 +225,7 @@ class SIDCo(ThresholdSparsifier):
     tensors smaller than this by exact Top-k (G3, besides d < 1/ratio); ``max_overshoot`` c
     trims a selection above c k to its exact top k (G7)."""
 
-    def __init__(self, ratio: float = 0.001, variant: str = "sidco_e",
+    def __init__(self, ratio: float = DEFAULT_RATIO, variant: str = "sidco_e",
                  first_stage_ratio: float = 0.25, stages: int | str = "auto",
                  stage_ratio: str = "fixed",
                  adapt: Mapping[str, Any] | None = None, gamma_quantile: str = "closed_form",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -115,7 +116,11 @@ def sign_plane(x: torch.Tensor, stats: bool = False) -> tuple[torch.Tensor, Sign
 
 
 class MajorityVote(SignCompressor):
-    """Unscaled signs aggregated by majority vote (the update is sign(sum of signs))."""
+    """Unscaled signs aggregated by majority vote (the update is sign(sum of signs)), so
+    the optimizer moves every coordinate by +-lr: a far smaller step than SGD's."""
+
+    sensitivities = (("trainer.lr: every coordinate moves by +-lr whatever the gradient's "
+                      "size, so SGD's step sizes end at chance (docs/quantizers.md)"),)
 
     def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
         votes = torch.zeros(ctx.numel, dtype=torch.int32, device=payloads[0][0].device)
@@ -125,15 +130,27 @@ class MajorityVote(SignCompressor):
         return torch.sign(len(payloads) - 2 * votes).to(ctx.dtype).view(ctx.shape)
 
 
+# One bit per element with error feedback (EF-signSGD, 1-bit SGD) takes a smaller effective
+# step lr / (1 - momentum) than SGD on some models (docs/quantizers.md).
+EF_SIGN_DEFAULTS = MappingProxyType({"lr": 0.02})
+EF_SIGN_SENSITIVITIES = (("trainer.lr and trainer.momentum: error feedback on one bit per "
+                          "element oscillates at SGD's effective step lr / (1 - momentum) on "
+                          "some models (docs/quantizers.md)"),)
+
+
 @COMPRESSORS.register("signsgd")
 class SignSGD(MajorityVote):
-    """signSGD with majority vote; use a small learning rate (the update is +-lr)."""
+    """signSGD with majority vote; trains with a small learning rate (the update is +-lr)."""
+
+    training_defaults = MappingProxyType({"lr": 0.0005})
 
 
 @COMPRESSORS.register("signum")
 class Signum(MajorityVote):
     """Signum: majority vote on the signs of the local momentum (kept per tensor). The
     momentum lives here, so the optimizer runs without it (`Need.OWNS_MOMENTUM`)."""
+
+    training_defaults = MappingProxyType({"lr": 0.001})
 
     def __init__(self, momentum: float = 0.9) -> None:
         super().__init__()
@@ -166,6 +183,8 @@ class EFSignSGD(SignCompressor):
 
     default_memory = "efsignsgd"
     num_scales = 1
+    training_defaults = EF_SIGN_DEFAULTS
+    sensitivities = EF_SIGN_SENSITIVITIES
 
     def __init__(self) -> None:
         super().__init__()
@@ -187,6 +206,8 @@ class OneBit(SignCompressor):
 
     default_memory = "residual"
     num_scales = 2
+    training_defaults = EF_SIGN_DEFAULTS
+    sensitivities = EF_SIGN_SENSITIVITIES
 
     def scales(self, x: torch.Tensor, stats: SignStats) -> torch.Tensor:
         positive_sum = stats.abs_sum + stats.negative_sum

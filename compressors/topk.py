@@ -8,7 +8,7 @@ import torch
 from grace.compressor import Payload
 from grace.exceedance import check_backend, layout, top_k
 from grace.registry import COMPRESSORS
-from grace.sparse import Sparsifier, index_dtype
+from grace.sparse import DEFAULT_RATIO, Sparsifier, index_dtype
 
 
 @COMPRESSORS.register("topk")
@@ -24,7 +24,7 @@ class TopK(Sparsifier):
 
     fixed_size = True
 
-    def __init__(self, ratio: float = 0.01, backend: str = "auto") -> None:
+    def __init__(self, ratio: float = DEFAULT_RATIO, backend: str = "auto") -> None:
         super().__init__(ratio)
         self.backend = check_backend(backend, self.label)
 

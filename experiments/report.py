@@ -36,9 +36,10 @@ from gracecomm.experiments.loggers import (WandbLogger, import_wandb, logged_gro
                                            wandb_mode)
 from gracecomm.experiments.train import CONFIG_DIR, format_bytes
 
-# method.*: what a configs/method preset hands to the experiment (it also sets the trainer
-# option itself, which is shown)
-HIDDEN_OPTIONS = re.compile(r"^(logger|hydra|method|trainer\.(progress|timeout_s|collective_timeout_s))\b")
+# method_defaults.*: the trainer options a run took from its compressor (the trainer options
+# themselves are shown)
+HIDDEN_OPTIONS = re.compile(
+    r"^(logger|hydra|method_defaults|trainer\.(progress|timeout_s|collective_timeout_s))\b")
 STANDARD_BYTES = {"dense_bytes", "wire_bytes", "sent_bytes"}
 ALWAYS_SHOWN = ("ratio", "fpr")  # the fraction kept by a sparsifier; a Bloom filter's rate
 

@@ -8,7 +8,8 @@ its task (`DataBundle.task`); models name the task whose batches they take (`Mod
 | ``language_modelling`` | cross-entropy per token | perplexity exp(mean cross-entropy per token) (``test_ppl``) |
 
 Evaluation works on sums (loss, loss count, metric, metric count) so each rank evaluates a
-shard of the test set and the sums are added over ranks.
+shard of the test set and the sums are added over ranks. `Task.chance` is the metric of a
+model that ignores its input (collapse detection, `gracecomm.experiments.collapse`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset
 
 from grace.validation import ConfigError, check_range
 
@@ -52,6 +54,15 @@ class Task(ABC):
         """``test_loss`` and the metric from sums added over batches and ranks."""
         return {"test_loss": sums[0] / sums[1], self.metric: sums[2] / sums[3]}
 
+    @abstractmethod
+    def chance(self, test: Dataset) -> float:
+        """The metric on `test` of the best prediction that ignores the input."""
+
+
+def target_counts(test: Dataset) -> torch.Tensor:
+    """How often each integer target occurs in `test` (every target of every example)."""
+    return torch.bincount(torch.cat([y.reshape(-1) for _, y in DataLoader(test, batch_size=1024)]))
+
 
 class Classification(Task):
     name = "classification"
@@ -65,6 +76,11 @@ class Classification(Task):
         logits = model(x)
         return [F.cross_entropy(logits, y, reduction="sum").item(), len(y),
                 (logits.argmax(1) == y).sum().item(), len(y)]
+
+    def chance(self, test: Dataset) -> float:
+        """Always the most frequent class: its share of the test set."""
+        counts = target_counts(test)
+        return float(counts.max() / counts.sum())
 
 
 class Recommendation(Task):
@@ -96,6 +112,12 @@ class Recommendation(Task):
         return [F.binary_cross_entropy_with_logits(scores, y, reduction="sum").item(),
                 y.numel(), (rank < self.k).sum().item(), len(y)]
 
+    def chance(self, test: Dataset) -> float:
+        """Candidates in random order (a model that ignores its input cannot tell them
+        apart): K over the number of candidates."""
+        candidates = test[0][1].numel()
+        return min(1.0, self.k / candidates)
+
 
 class LanguageModelling(Task):
     """Next-token prediction: batches are (tokens, next tokens) of shape (batch, time)."""
@@ -115,6 +137,12 @@ class LanguageModelling(Task):
     def finish(self, sums: list[float]) -> dict[str, float]:
         loss = sums[0] / sums[1]
         return {"test_loss": loss, self.metric: math.exp(min(loss, 700.0))}
+
+    def chance(self, test: Dataset) -> float:
+        """The test tokens' own frequencies at every position: their unigram perplexity."""
+        counts = target_counts(test).double()
+        p = counts[counts > 0] / counts.sum()
+        return float(torch.exp(-(p * p.log()).sum()))
 
 
 TASKS: dict[str, type[Task]] = {t.name: t for t in (Classification, Recommendation,

@@ -44,9 +44,11 @@ from grace.launch import (WorkerError, WorkerTimeout, exit_now, launched_externa
 from grace.network import (COLLECTIVE_KEYS, Network, compute_time, networks, overhead_time,
                            project)
 from grace.rng import stable_hash
-from grace.validation import ConfigError, check_choice, check_range
+from grace.validation import ConfigError, NonFiniteError, check_choice, check_range
 from gracecomm.experiments import checkpoint, rundir
+from gracecomm.experiments.collapse import CollapseWatch, Collapsed
 from gracecomm.experiments.loggers import sweep_group
+from gracecomm.experiments.method_defaults import RECORD_KEY, apply_method_defaults, given_keys
 from gracecomm.experiments.tasks import Task, make_task
 from gracecomm.experiments.torch_hooks import (AllreduceCounter, check_torch_exchange,
                                                register_torch_hook)
@@ -366,6 +368,9 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
         from tqdm import tqdm
         progress = tqdm(total=total_steps, initial=position.step, unit="step",
                         desc=f"train [{grace.compressor.registry_name}]", dynamic_ncols=True)
+    watch = CollapseWatch(task, task.chance(data.test) if rank == 0 else None,
+                          grace.compressor.label, grace.compressor.sensitivities)
+
     def save(at: checkpoint.Position) -> None:
         checkpoint.save(checkpoint_dir, rank, world_size, at, model, optimizer,
                         grace.state_dict(), totals, fingerprint,
@@ -375,6 +380,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
         if not per_bucket:
             broadcast_state(model, parameters=False)
         evals = evaluate(model, data.test, task, rank, world_size, device, t.batch_size)
+        watch.evaluated(step, epoch, evals[task.metric])
         evals["state_bytes"] = tensor_bytes(grace.state_dict())
         evals["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if logger is not None:
@@ -401,13 +407,20 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
             start = time.perf_counter()
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
-            with counter:
-                loss = task.loss(net(x), y)
-                loss.backward()
-            if not per_bucket:
-                exchange.step()
+            try:
+                with counter:
+                    loss = task.loss(net(x), y)
+                    loss.backward()
+                if not per_bucket:
+                    exchange.step()
+            except (NonFiniteError, RuntimeError) as err:
+                if not nonfinite(err):
+                    raise
+                # name the step: a gradient overflowed, not only a tensor
+                raise watch.diverged(step + 1, epoch, loss.item(), err) from err
             optimizer.step()
             loss_value = loss.item()
+            watch.loss(step + 1, epoch, loss_value)
             stats = grace.metrics.pop()
             stats["step_s"] = time.perf_counter() - start
             stats["compute_s"] = slowest(compute_time(stats), device)
@@ -439,10 +452,19 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                    metric=task.metric, metric_label=task.label,
                    higher_is_better=task.higher_is_better,
                    compressor=grace.compressor.registry_name, memory=grace.memory.registry_name,
-                   communicator=grace.communicator.registry_name)
+                   communicator=grace.communicator.registry_name, chance=watch.chance,
+                   collapse=watch.verdict(), **{RECORD_KEY: cfg_dict.get(RECORD_KEY, {})})
     if logger is not None:
         logger.finish(summary)
         print(format_summary(summary, run_dir), flush=True)
+        if summary["collapse"]:
+            print(f"!! {summary['collapse']['message']}", flush=True)
+
+
+def nonfinite(err: BaseException) -> bool:
+    """Whether `err` reports a non-finite gradient: raised by the exchange itself, or in the
+    DDP hook, whose errors DDP raises again as a RuntimeError that names the original."""
+    return isinstance(err, NonFiniteError) or "NonFiniteError" in str(err)
 
 
 def slowest(seconds: float, device: torch.device) -> float:
@@ -553,6 +575,9 @@ def main(cfg: DictConfig) -> float | tuple[float, ...]:
                           "would run. Sweep without torchrun (local workers: "
                           "trainer.world_size=N, any Hydra launcher), or start one torchrun "
                           "per configuration")
+    for line in apply_method_defaults(cfg, given_keys(HydraConfig.get().overrides.task)):
+        if os.environ.get("RANK", "0") == "0":  # once, also under torchrun
+            print(line, flush=True)
     validate(cfg)
     names = objective_names(cfg)
     run_dir = HydraConfig.get().runtime.output_dir
@@ -581,6 +606,8 @@ def main(cfg: DictConfig) -> float | tuple[float, ...]:
     if os.path.exists(summary_path):
         with open(summary_path, encoding="utf-8") as f:
             summary = json.load(f)
+    if summary.get("collapse") and group is None:  # a sweep goes on to its other runs
+        raise Collapsed(summary["collapse"]["message"])
     return objective(summary, names)
 
 

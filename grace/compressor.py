@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from grace.metrics import Metrics
 from grace.needs import Need
+from grace.validation import ConfigError
 
 if TYPE_CHECKING:
     from grace.communicator import Communicator
@@ -62,6 +64,14 @@ class Compressor(ABC):
 
     What it needs from the exchange beyond that (`needs`) is honoured by the library: see
     `grace.needs`.
+
+    What the method needs from its training loop, as data (wrappers take their parts'):
+
+    - ``training_defaults``: trainer options the method needs to train, by option name
+      (signSGD's ``{"lr": 0.0005}``: its update moves every coordinate by +-lr). Trainers apply
+      them to the options the user did not set (`gracecomm.experiments.method_defaults`).
+    - ``sensitivities``: the settings the method is known to be sensitive to, one sentence
+      each, which a trainer names when a run collapses or diverges.
     """
 
     summable: ClassVar[bool] = False
@@ -70,6 +80,8 @@ class Compressor(ABC):
     default_memory: ClassVar[str] = "none"
     communicators: ClassVar[tuple[str, ...] | None] = None
     model_level: ClassVar[bool] = False
+    training_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    sensitivities: ClassVar[tuple[str, ...]] = ()
     registry_name: ClassVar[str] = ""
 
     def __init__(self) -> None:
@@ -150,6 +162,19 @@ class Compressor(ABC):
         twin = copy.deepcopy(self, {id(self.comm): None, id(self.metrics): Metrics()})
         payload, ctx = twin.compress(torch.linspace(-1.0, 1.0, WARM_UP_NUMEL), "warm_up")
         twin.decompress(payload, ctx)
+
+    def adopt_training_needs(self, parts: Sequence[Compressor]) -> None:
+        """For wrappers: take the ``training_defaults`` and ``sensitivities`` of the
+        compressors inside; two parts that need different values of one option are refused."""
+        defaults: dict[str, Any] = {}
+        for part in parts:
+            for option, value in part.training_defaults.items():
+                if defaults.setdefault(option, value) != value:
+                    raise ConfigError(f"{self.label}: its parts need different values of "
+                                      f"trainer option '{option}' ({defaults[option]} and "
+                                      f"{value} from {part.label}); combine other parts")
+        self.training_defaults = MappingProxyType(defaults)
+        self.sensitivities = tuple(dict.fromkeys(s for p in parts for s in p.sensitivities))
 
     def set_epoch(self, epoch: int) -> None:
         """Hook for schedules that change with the epoch (e.g. DGC's warm-up ratio)."""

@@ -17,6 +17,12 @@ import torch
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.validation import PayloadError, check_ratio, num_kept
 
+DEFAULT_RATIO = 0.01
+"""The density every sparsifier keeps by default, and every method built on one (Top-k,
+Random-k, DGC, SIDCo, RedSync, GaussianKSGD, LGC; DeepReduce and Compose through theirs), so
+that methods named without a ratio compare at one density. Their YAML files hold the same
+value (a test keeps them in step)."""
+
 
 def index_dtype(numel: int) -> torch.dtype:
     """The narrowest index dtype that addresses `numel` elements."""

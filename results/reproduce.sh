@@ -7,7 +7,7 @@ set -euo pipefail
 OUT=multirun/results
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce lgc sparse_model \
-  bench_sidco bench_fig10 natural_table1 powersgd_vs_torch long_run)
+  every_method bench_sidco bench_fig10 natural_table1 powersgd_vs_torch long_run)
 
 train_into() {  # train_into DIR [overrides...]: a multirun into an emptied $OUT/DIR
   local dir=$1; shift
@@ -33,6 +33,7 @@ for step in "${steps[@]}"; do
          python -m gracecomm.experiments.lgc_report "$OUT/lgc" --plot results/lgc/recon.png > results/lgc/phases.md
          python results/lgc_bound.py | tee results/lgc/bound.md ;;
     sparse_model) sweep sparse_model ;;
+    every_method) sweep every_method ;;  # 75 runs: every compressor by name, seeds 0-2
     bench_sidco)
       gracecomm-bench sizes=[26214400] ratios=[0.01,0.001] \
         distributions=[laplace,student_t] gradients=[] steps=20 repeats=3 \

@@ -82,16 +82,21 @@ def test_grace_benchmark_covers_every_registered_compressor():
         if "ratio" in cfg.compressor:
             assert cfg.compressor.ratio == 0.01, job
     by_method = {job.split("=", 1)[1]: cfg for job, cfg in cfgs.items()}
-    # sign methods keep their small step although the experiment sets trainer.lr after them
-    assert by_method["signsgd"].trainer.lr == by_method["signum"].trainer.lr == 0.001
+    # the sign methods' own step sizes: tests/test_method_defaults.py
     assert by_method["dense"].trainer.lr == 0.05
     assert by_method["dgc_reference"].compressor.warmup_epochs == 1
     lgc = by_method["lgc_rar"].compressor
     assert (lgc.warmup_iters, lgc.ae_train_iters) == (20, 60)
-    paper = compose_train("+method=signsgd", "+experiment=grace_benchmark", "experiment.scale=paper")
-    assert paper.trainer.lr == 0.001 and paper.trainer.epochs == 160
-    assert compose_train("+method=dense", "+experiment=grace_benchmark",
-                         "experiment.scale=paper").trainer.lr == 0.1
+
+
+def test_every_method_runs_every_compressor_from_its_name_alone():
+    """Each job is ``compressor=NAME seed=S`` on the default experiment: nothing else."""
+    assert values("every_method", "seed") == ["0", "1", "2"]
+    cfgs = sweep_compressors("every_method", "seed=1")
+    assert sorted(compressor_name(c) for c in cfgs.values()) == registry.available("compressor")
+    for job, cfg in cfgs.items():
+        alone = compose_train(*job.split())
+        assert {k: v for k, v in cfg.items() if k != "experiment"} == alone, job
 
 
 def test_sidco_compares_its_variants_with_the_baselines_at_two_densities():

@@ -82,6 +82,7 @@ class DeepReduce(Compressor):
             raise ConfigError(f"{self.label}: option 'sparsifier' must be a sparsifier "
                               "(topk, randomk, threshold, dgc, sidco, ...) or none (keep the "
                               f"nonzeros); got {self.sparsifier.label}")
+        self.adopt_training_needs([self.sparsifier])
         self.index: IndexCodec = make_part(index, INDEX_CODECS, IndexCodec)
         self.value: ValueCodec = make_part(value, VALUE_CODECS, ValueCodec)
         self.seed = int(seed)

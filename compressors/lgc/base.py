@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from grace.compressor import Compressor, Payload, TensorInfo
-from grace.sparse import desparsify, index_mask
+from grace.sparse import DEFAULT_RATIO, desparsify, index_mask
 from grace.validation import (ConfigError, PayloadError, check_choice, check_range,
                               check_ratio, expect_payload)
 from grace.wire import payload_nbytes
@@ -87,8 +87,9 @@ class LGC(Compressor):
         "optimizer": "adam", "lr": 1e-3, "lambda1": 1.0, "leaky_slope": 0.01,
         "input_scale": "rms"}
 
-    def __init__(self, ratio: float = 0.001, warmup_iters: int = 200, ae_train_iters: int = 300,
-                 first_layer: Any = "auto", last_layer: Any = "auto", seed: int = 0,
+    def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200,
+                 ae_train_iters: int = 300, first_layer: Any = "auto",
+                 last_layer: Any = "auto", seed: int = 0,
                  index_coding: Mapping[str, Any] | None = None,
                  ae: Mapping[str, Any] | None = None) -> None:
         super().__init__()

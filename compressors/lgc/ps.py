@@ -30,6 +30,7 @@ from torch import nn
 from grace.compressor import Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from grace.rng import stable_hash
+from grace.sparse import DEFAULT_RATIO
 from grace.validation import ConfigError, PayloadError, check_choice, check_range
 from grace.wire import payload_nbytes
 from gracecomm.compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
@@ -83,8 +84,9 @@ class LGCPS(LGC):
     decoder_innovation = True
     AE_DEFAULTS: ClassVar[dict[str, Any]] = {**LGC.AE_DEFAULTS, "lambda2": 0.5}
 
-    def __init__(self, ratio: float = 0.001, warmup_iters: int = 200, ae_train_iters: int = 300,
-                 first_layer: Any = "auto", last_layer: Any = "auto", seed: int = 0,
+    def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200,
+                 ae_train_iters: int = 300, first_layer: Any = "auto",
+                 last_layer: Any = "auto", seed: int = 0,
                  leader_rank: int = -1, indices: str = "own",
                  innovation: Mapping[str, Any] | None = None,
                  index_coding: Mapping[str, Any] | None = None,

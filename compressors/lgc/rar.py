@@ -28,6 +28,7 @@ from torch import nn
 
 from grace.compressor import Payload, TensorInfo
 from grace.registry import COMPRESSORS
+from grace.sparse import DEFAULT_RATIO
 from grace.validation import ConfigError, check_choice, check_range
 from gracecomm.compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
 from gracecomm.compressors.lgc.base import LGC, SCALE_EPS, LGCCtx, expect_dense
@@ -57,8 +58,9 @@ class LGCRar(LGC):
     communicators = ("allreduce",)
     default_communicator = "allreduce"
 
-    def __init__(self, ratio: float = 0.001, warmup_iters: int = 200, ae_train_iters: int = 300,
-                 first_layer: Any = "auto", last_layer: Any = "auto", seed: int = 0,
+    def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200,
+                 ae_train_iters: int = 300, first_layer: Any = "auto",
+                 last_layer: Any = "auto", seed: int = 0,
                  leader: str = "random", trainer_rank: int = 0,
                  index_coding: Mapping[str, Any] | None = None,
                  ae: Mapping[str, Any] | None = None) -> None:
