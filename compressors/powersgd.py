@@ -113,7 +113,6 @@ class PowerSGD(Compressor):
     """Rank-`rank` PowerSGD (module docstring for every option)."""
 
     summable = True
-    fixed_size = True
     default_communicator = "allreduce"
     default_memory = "residual"
     communicators = ("allreduce",)
@@ -129,6 +128,8 @@ class PowerSGD(Compressor):
         self.min_compression_rate = float(check_range(
             min_compression_rate, self.label, "min_compression_rate", 1.0))
         self.batch_same_shape = bool(batch_same_shape)
+        # the dense warm-up sends whole tensors, then P and Q: fixed by the shapes only without it
+        self.fixed_size = self.start_iter == 0
         self.rng = np.random.RandomState(self.seed)
         self.q: dict[str, torch.Tensor] = {}
         self.steps: dict[str, int] = {}  # exchanges of each tensor so far

@@ -14,8 +14,6 @@ callbacks, which the counter sees too), or, without a hook, the dense gradients 
 allreduce per DDP bucket.
 """
 
-from __future__ import annotations
-
 import time
 from typing import Any
 
@@ -117,7 +115,7 @@ class AllreduceCounter:
                            (bytes_key("allreduce"), nbytes), (calls_key("allreduce"), calls)):
             self.metrics.add(key, value)
 
-    def __enter__(self) -> AllreduceCounter:
+    def __enter__(self) -> "AllreduceCounter":
         if self.hooked:
             def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
                 self.record(tensor.numel() * tensor.element_size(), 1)

@@ -82,8 +82,9 @@ def record_collectives(rank, world_size):
     sparse.step_many(tensors)
     stats = sparse.metrics.pop()
     assert stats["coll_allgather_calls"] == 2
-    # sizes: 4 int64 counts per rank; payloads: 110 (value, index) pairs per rank
-    assert stats["coll_allgather_bytes"] == world_size * (4 * 8 + 110 * 8)
+    # the first exchange of a fixed-size method agrees on the layout: 4 payload tensors'
+    # byte counts and dtype codes (int64) per rank; payloads: 110 (value, index) pairs per rank
+    assert stats["coll_allgather_bytes"] == world_size * (2 * 4 * 8 + 110 * 8)
 
     bcast = grace.build({"name": "topk", "ratio": 0.1}, communicator="broadcast")
     bcast.step_many(tensors)

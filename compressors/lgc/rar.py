@@ -4,12 +4,12 @@ TNNLS, Sec. IV-B, Algorithm 2, Fig. 5(b); LGC spec Sec. 6).
 Each step a leader rank, drawn from a seed every rank shares, broadcasts its per-layer top-k
 indices (DEFLATE); every rank takes its own values at those indices. In phase 2 the values
 are all-gathered (the trainer rank needs every rank's vector to train the autoencoder on the
-mean); in phase 3 every rank encodes its vector, the latents are summed by the allreduce
+mean); in phase 3 every rank encodes its vector, the latents are averaged by the allreduce
 communicator together with F and the Lambda values, and every rank decodes the mean latent,
 so all ranks end with bit-identical aggregates. The trainer broadcasts the encoder and decoder
 once when phase 2 ends.
 
-Joint payloads (summed by the allreduce communicator):
+Joint payloads (averaged over ranks by the allreduce communicator):
 
 - phase 1: (gradient,)
 - phase 2: (F,)  -- the top-k values travel in the compressor's own allgather
@@ -39,8 +39,8 @@ PARTS = {2: ("dense",), 3: ("dense", "latent", "values")}
 
 @dataclass(frozen=True, eq=False)
 class RarCtx(LGCCtx):
-    """Adds the leader's selection (flat positions in M and Lambda), and per phase the sum over
-    ranks of the all-gathered values (2) or the shared input scale s (3)."""
+    """Adds the leader's selection (flat positions in M and Lambda), and per phase the mean
+    over ranks of the all-gathered values (2) or the shared input scale s (3)."""
 
     flat_m: torch.Tensor | None = None
     flat_l: torch.Tensor | None = None
@@ -54,7 +54,7 @@ class LGCRar(LGC):
     .randrange(K)) or ``cyclic`` (t mod K). `trainer_rank`: the rank that trains the
     autoencoder. `ae.lambda1` weights the reconstruction loss |D(mean_k E(x_k)) - mean_k x_k|^2."""
 
-    summable = True  # the allreduce communicator sums F, the latents and the Lambda values
+    summable = True  # the allreduce communicator averages F, the latents and the Lambda values
     communicators = ("allreduce",)
     default_communicator = "allreduce"
 
@@ -111,7 +111,7 @@ class LGCRar(LGC):
             if self.rank == self.trainer_rank:
                 self.train(plan, gathered[:, :plan.mu])
             payload: Payload = (dense,)
-            ctx = RarCtx(info, plan, 2, self.step, flat_m, flat_l, gathered=gathered.sum(0))
+            ctx = RarCtx(info, plan, 2, self.step, flat_m, flat_l, gathered=gathered.mean(0))
         else:
             scale = self.shared_scale(topk_m)
             latent = topk_m.new_zeros(0, dtype=torch.float32)
@@ -124,8 +124,8 @@ class LGCRar(LGC):
         return views, payload, ctx
 
     def decode(self, payload: Payload, ctx: RarCtx) -> torch.Tensor:
-        """The sum over ranks of the joint payload -> K x the mean flat gradient (the
-        allreduce communicator divides by K): in phase 3 M is crop(D(z_sum / K)) * s * K."""
+        """The mean over ranks of the joint payload -> the mean flat gradient: in phase 3
+        M is crop(D(z_mean)) * s."""
         if ctx.phase == 1:
             expect_dense(payload, ctx.info, "lgc_rar phase-1 payload")
             return payload[0].view(ctx.info.shape)
@@ -137,11 +137,10 @@ class LGCRar(LGC):
             return out
         _, latent, values_l = payload
         if plan.mu:
-            k = self.world_size
             with torch.no_grad(), self.metrics.timer("ae_s"):
-                z = (latent / k).view(1, LATENT_CHANNELS, -1)
+                z = latent.view(1, LATENT_CHANNELS, -1)
                 x = self.decoders[0](z)[0, 0, :plan.mu] * ctx.scale
-            out[ctx.flat_m] = self.check_reconstruction(x).to(out.dtype) * k
+            out[ctx.flat_m] = self.check_reconstruction(x).to(out.dtype)
         out[ctx.flat_l] = values_l
         return out
 
