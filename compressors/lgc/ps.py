@@ -130,16 +130,15 @@ class LGCPS(LGC):
         if self.indices == "leader":
             indices, index_bytes = self.leader_indices(plan, tensors, self.leader)
             idx = torch.empty(0, dtype=torch.uint8, device=tensors[0].device)
-            shared: list[torch.Tensor] | None = indices
+            broadcast: dict[str, Any] = {"indices": indices, "index_bytes": index_bytes}
         else:
             indices = plan.topk(tensors)
             idx = plan.encode_indices(indices, self.delta, self.zlib_level)
-            shared, index_bytes = None, idx.numel()
+            index_bytes, broadcast = idx.numel(), {}
         topk_m, values_l = plan.values(tensors, indices)
         dense = plan.dense_part(tensors)
         self.log_topk_baseline(plan, dense, index_bytes)
-        ctx = PsCtx(info, plan, phase, self.step, shared,
-                    index_bytes if shared is not None else 0,
+        ctx = PsCtx(info, plan, phase, self.step, **broadcast,
                     own=topk_m if phase == 3 else None)
         if phase == 2:
             payload: Payload = (dense, torch.cat([topk_m, values_l]), idx)
