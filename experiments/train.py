@@ -431,10 +431,11 @@ def _summary(totals: dict[str, float], steps: int, world_size: int, device: torc
 
 
 def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
+    """Decimal units, as the network model's bandwidths: 1 KB = 1,000 bytes."""
+    for unit in ("B", "KB", "MB"):
+        if abs(n) < 1000:
             return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
-        n /= 1024
+        n /= 1000
     return f"{n:.1f} GB"
 
 

@@ -77,8 +77,8 @@ def test_summary_keeps_start_up_apart():
              world_size=2, steps=5, metric="test_acc", metric_label="test accuracy",
              test_acc=0.5)
     text = format_summary(s, "run")
-    assert "uplink / step          20 B per rank (dense 1000 B, compression factor 50.0x)" in text
-    assert "downlink / step        1000 B to every rank (compression factor 1.0x)" in text
+    assert "uplink / step          20 B per rank (dense 1.0 KB, compression factor 50.0x)" in text
+    assert "downlink / step        1.0 KB to every rank (compression factor 1.0x)" in text
     assert "means over steps 2-5; start-up (step 1) took 5.00 s, of it compression 4.00 s" \
         in text
     one = new_totals()  # a run of one step has nothing else to average
