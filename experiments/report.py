@@ -6,8 +6,10 @@
 
 Writes ``report.md`` and ``report.csv`` (one row per run: method = compressor with the
 options that vary across the runs, memory, communicator, the task's test metric, bytes per
-step, compression ratio, compression overhead, measured communication and the projected
-speedup over dense ring allreduce at each modelled bandwidth, see `grace.network`) and PNG
+step (for a parameter server also the downlink every rank receives), the compression factor
+dense / sent, compression overhead, measured communication and the projected speedup over
+dense ring allreduce at each modelled bandwidth, see `grace.network`; per-step figures are
+the run summary's, over steady-state steps, with the start-up step's time apart) and PNG
 plots: metric against bytes sent with the Pareto front, overhead per method, projected
 speedup against bandwidth, training loss and test metric over steps, and the estimation
 quality k_hat/k over steps where a sparsifier logged it. Every Hydra multirun of
@@ -40,7 +42,7 @@ from gracecomm.experiments.train import CONFIG_DIR, format_bytes
 # themselves are shown)
 HIDDEN_OPTIONS = re.compile(
     r"^(logger|hydra|method_defaults|trainer\.(progress|timeout_s|collective_timeout_s))\b")
-STANDARD_BYTES = {"dense_bytes", "wire_bytes", "sent_bytes"}
+STANDARD_BYTES = {"dense_bytes", "wire_bytes", "sent_bytes", "downlink_bytes"}
 ALWAYS_SHOWN = ("ratio", "fpr")  # the fraction kept by a sparsifier; a Bloom filter's rate
 
 
@@ -192,9 +194,13 @@ def build_table(runs: Sequence[Run]) -> Table:
         for metric in metrics:
             row[metric] = s.get(metric) if s.get("metric", "test_acc") == metric else None
         row.update({"steps": s.get("steps"), "wire_bytes/step": s.get("wire_bytes_per_step"),
-                    "ratio": s.get("ratio"),
-                    "overhead_ms/step": 1e3 * s.get("overhead_s_per_step", math.nan),
-                    "comm_ms/step": 1e3 * s.get("comm_s_per_step", math.nan)})
+                    "compression_factor": s.get("compression_factor")})
+        if s.get("downlink_bytes_per_step"):  # a parameter server: both directions
+            row.update({"downlink_bytes/step": s["downlink_bytes_per_step"],
+                        "compression_factor_down": s.get("compression_factor_down")})
+        row.update({"overhead_ms/step": 1e3 * s.get("overhead_s_per_step", math.nan),
+                    "comm_ms/step": 1e3 * s.get("comm_s_per_step", math.nan),
+                    "startup_s": s.get("startup_step_s")})
         for extra in extras:
             row[f"{extra}/step" if extra != "quality" else "k_hat/k"] = run.step_mean(extra)
         for net in networks:
@@ -209,7 +215,7 @@ def _cell(key: str, value: Any) -> str:
     if isinstance(value, float):
         if key.endswith("bytes/step"):
             return format_bytes(value)
-        if key.startswith("speedup@") or key == "ratio":
+        if key.startswith(("speedup@", "compression_factor")):
             return f"{value:.2f}x"
         return f"{value:.4g}"
     return str(value)
@@ -225,10 +231,15 @@ def _columns(table: Table) -> list[str]:
 def markdown(table: Table, source: Path, plots: Sequence[Path]) -> str:
     columns = _columns(table)
     lines = [f"# Report: {source}", "",
-             f"{len(table.rows)} runs. Bytes are per rank per step (payload); overhead is "
-             "compress + decompress + memory time per step; speedup@B is the projected step "
-             "time with dense gradients on ring allreduce over the projected step time of the "
-             "run, on a modelled network of bandwidth B (grace.network).", "",
+             f"{len(table.rows)} runs. Bytes are per rank per step (payload; with a parameter "
+             "server wire_bytes is the uplink and downlink_bytes what every rank receives); "
+             "compression_factor is dense bytes / bytes sent; overhead is compress + "
+             "decompress + memory time per step; speedup@B is the projected step time with "
+             "dense gradients on ring allreduce over the projected step time of the run, on a "
+             "modelled network of bandwidth B (grace.network). Per-step figures are means over "
+             "the steady-state steps (all but each process's first); startup_s is that first "
+             "step's time (kernels loading, buffers being built). Times depend on the CPU and "
+             "its load; accuracies on the seeded data and training.", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(c, row.get(c)) for c in columns) + " |"
               for row in table.rows]

@@ -53,8 +53,9 @@ from gracecomm.experiments.tasks import Task, make_task
 from gracecomm.experiments.torch_hooks import (AllreduceCounter, check_torch_exchange,
                                                register_torch_hook)
 
-SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "compress_s", "decompress_s",
-               "memory_s", "comm_s", "step_s", "exchanges", *COLLECTIVE_KEYS)
+SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "downlink_bytes", "compress_s",
+               "decompress_s", "memory_s", "comm_s", "step_s", "exchanges", *COLLECTIVE_KEYS)
+STARTUP = "startup_"  # prefix of the totals of start-up steps (see `accumulate`)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -307,7 +308,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     verify_same_on_all_ranks(parts)
     fingerprint = str(stable_hash(sorted(parts.items())))
     optimizer, decay = make_optimizer(cfg, model, grace)
-    position, totals = checkpoint.Position(), dict.fromkeys(SUMMED_KEYS, 0.0)
+    position, totals = checkpoint.Position(), new_totals()
     resumed, source = None, f"checkpoint {t.resume} (rank {rank})"
     if t.resume:
         resumed = checkpoint.load(t.resume, rank, world_size, fingerprint)
@@ -425,8 +426,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
             stats["step_s"] = time.perf_counter() - start
             stats["compute_s"] = slowest(compute_time(stats), device)
             stats.update(project(stats, world_size, nets))
-            for key in SUMMED_KEYS:
-                totals[key] += stats.get(key, 0.0)
+            accumulate(totals, stats, startup=step == position.step)
             step += 1
             due = t.checkpoint_every and (step % t.checkpoint_every == 0 or step == total_steps)
             save_at = checkpoint.Position(step, epoch, batch_index + 1) if due else None
@@ -437,7 +437,8 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                 logger.log({"type": "step", "step": step, "epoch": epoch,
                             "loss": loss_value, **stats})
             if progress is not None:
-                progress.set_postfix(loss=f"{loss_value:.3f}", ratio=f"{stats.get('ratio', 1):.1f}x")
+                progress.set_postfix(loss=f"{loss_value:.3f}",
+                                     factor=f"{stats.get('compression_factor', 1):.1f}x")
                 progress.update(1)
         if (epoch + 1) % t.eval_every == 0 or epoch == t.epochs - 1 or step >= total_steps:
             evals = evaluate_now(epoch)
@@ -487,45 +488,86 @@ def tensor_bytes(state: Any) -> int:
     return 0
 
 
+def new_totals() -> dict[str, float]:
+    """Zeroed run totals: every summed statistic, over all steps and over start-up steps."""
+    return dict.fromkeys([*SUMMED_KEYS, *(STARTUP + k for k in SUMMED_KEYS), "startup_steps"],
+                         0.0)
+
+
+def accumulate(totals: dict[str, float], stats: dict[str, float], startup: bool) -> None:
+    """Add one step's statistics to the run's totals. The first step a process runs is also
+    summed apart as start-up (numba kernels load or compile, buffers and DDP buckets are
+    built: seconds that would otherwise skew every per-step mean of a short run)."""
+    for key in SUMMED_KEYS:
+        totals[key] += stats.get(key, 0.0)
+        if startup:
+            totals[STARTUP + key] += stats.get(key, 0.0)
+    totals["startup_steps"] += int(startup)
+
+
 def _summary(totals: dict[str, float], steps: int, world_size: int, device: torch.device,
              nets: list[Network]) -> dict[str, float]:
-    """Per-rank, per-step means over all ranks of the summed statistics, and the network
-    projection (grace.network) of those means."""
-    vec = torch.tensor([totals[k] for k in SUMMED_KEYS], dtype=torch.float64, device=device)
+    """Per-rank, per-step means over all ranks of the summed statistics, taken over the
+    steady-state steps (all but the start-up steps, unless the run has no other), the network
+    projection (grace.network) of those means, and the start-up steps' own figures."""
+    keys = list(totals)
+    vec = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(vec)
-    means = {k: float(v) / world_size / max(1, steps) for k, v in zip(SUMMED_KEYS, vec.tolist())}
+    total = {k: float(v) / world_size for k, v in zip(keys, vec.tolist())}
+    startup = round(total["startup_steps"]) if steps > total["startup_steps"] else 0
+    steady = steps - startup
+    means = {k: (total[k] - (total[STARTUP + k] if startup else 0.0)) / max(1, steady)
+             for k in SUMMED_KEYS}
     summary = {f"{k}_per_step": v for k, v in means.items()}
-    wire = means["wire_bytes"]
-    summary["ratio"] = means["dense_bytes"] / wire if wire else math.inf
+    wire, down = means["wire_bytes"], means["downlink_bytes"]
+    summary["compression_factor"] = means["dense_bytes"] / wire if wire else math.inf
+    if down:  # a parameter server's reply, which every rank receives
+        summary["compression_factor_down"] = means["dense_bytes"] / down
     summary["overhead_s_per_step"] = overhead_time(means)
     summary.update(project(means, world_size, nets))
+    summary.update(steady_steps=steady, startup_steps=startup,
+                   startup_step_s=total[STARTUP + "step_s"] if startup else 0.0,
+                   startup_overhead_s=overhead_time(
+                       {k: total[STARTUP + k] for k in SUMMED_KEYS}) if startup else 0.0)
     return summary
 
 
 def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
+    """Decimal units, as the network model's bandwidths: 1 KB = 1,000 bytes."""
+    for unit in ("B", "KB", "MB"):
+        if abs(n) < 1000:
             return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
-        n /= 1024
+        n /= 1000
     return f"{n:.1f} GB"
 
 
 def format_summary(s: dict[str, Any], run_dir: str) -> str:
-    lines = [
-        f"== {s['compressor']} + {s['memory']} memory over {s['communicator']}, "
-        f"{s['world_size']} ranks, {s['steps']} steps",
-        f"   {s['metric_label']:<22} {s.get(s['metric'], float('nan')):.4f}",
-        f"   wire bytes / step      {format_bytes(s['wire_bytes_per_step'])} per rank "
-        f"(dense {format_bytes(s['dense_bytes_per_step'])}, ratio {s['ratio']:.1f}x)",
-        f"   compression / step     {1e3 * s['overhead_s_per_step']:.2f} ms "
-        f"(compress {1e3 * s['compress_s_per_step']:.2f}, decompress "
-        f"{1e3 * s['decompress_s_per_step']:.2f}, memory {1e3 * s['memory_s_per_step']:.2f})",
-        f"   communication / step   {1e3 * s['comm_s_per_step']:.2f} ms",
-        "   projected speedup      " + ", ".join(
-            f"{v:.2f}x at {k.split('@')[1]}" for k, v in s.items() if k.startswith("speedup@"))
-        + " (vs dense ring allreduce)",
-        f"   metrics                {os.path.join(run_dir, 'metrics.jsonl')}",
+    def row(label: str, text: str) -> str:
+        return f"   {label:<22} {text}"
+
+    down = s.get("downlink_bytes_per_step", 0.0)
+    lines = [f"== {s['compressor']} + {s['memory']} memory over {s['communicator']}, "
+             f"{s['world_size']} ranks, {s['steps']} steps",
+             row(s["metric_label"], f"{s.get(s['metric'], float('nan')):.4f}"),
+             row("uplink / step" if down else "wire bytes / step",
+                 f"{format_bytes(s['wire_bytes_per_step'])} per rank (dense "
+                 f"{format_bytes(s['dense_bytes_per_step'])}, compression factor "
+                 f"{s['compression_factor']:.1f}x)")]
+    if down:
+        lines.append(row("downlink / step", f"{format_bytes(down)} to every rank (compression "
+                                            f"factor {s['compression_factor_down']:.1f}x)"))
+    lines += [
+        row("compression / step", f"{1e3 * s['overhead_s_per_step']:.2f} ms (compress "
+                                  f"{1e3 * s['compress_s_per_step']:.2f}, decompress "
+                                  f"{1e3 * s['decompress_s_per_step']:.2f}, memory "
+                                  f"{1e3 * s['memory_s_per_step']:.2f})"),
+        row("communication / step", f"{1e3 * s['comm_s_per_step']:.2f} ms"),
+        row("projected speedup", ", ".join(f"{v:.2f}x at {k.split('@')[1]}" for k, v in s.items()
+                                           if k.startswith("speedup@"))
+            + " (vs dense ring allreduce)"),
+        row("per-step figures", steady_steps_text(s)),
+        row("metrics", os.path.join(run_dir, "metrics.jsonl")),
     ]
     return "\n".join(lines)
 
@@ -559,6 +601,18 @@ def objective(summary: dict[str, Any], names: list[str]) -> float | tuple[float,
         else:
             values.append(float(summary.get(f"{name}_per_step", math.nan)))
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def steady_steps_text(s: dict[str, Any]) -> str:
+    """Which steps the per-step figures average, and what the start-up steps cost."""
+    startup, steps = s.get("startup_steps", 0), s["steps"]
+    if not startup:
+        return f"means over all {steps} steps"
+    which = (f"steps 2-{steps}; start-up (step 1)" if startup == 1 else
+             f"{s['steady_steps']} steady-state steps; start-up (the first step of each of "
+             f"{startup} process starts)")
+    return (f"means over {which} took {s['startup_step_s']:.2f} s, of it compression "
+            f"{s['startup_overhead_s']:.2f} s")
 
 
 def _sweep_group() -> str | None:

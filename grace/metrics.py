@@ -18,7 +18,8 @@ Keys written by the core:
   for the network cost model (`grace.network`; kinds allreduce, allgather, broadcast,
   ps_push, ps_pull).
 
-Derived on `pop()`: ``ratio`` = dense_bytes / wire_bytes and, where a sparsifier reported
+Derived on `pop()`: ``compression_factor`` = dense_bytes / wire_bytes (not a compressor's
+``ratio``, the fraction it keeps) and, where a sparsifier reported
 ``k_hat`` and ``k``, ``quality`` = k_hat / k (the estimation quality of threshold methods).
 """
 
@@ -85,7 +86,7 @@ class Metrics:
             self._sums, self._samples = defaultdict(float), defaultdict(list)
         out = dict(sums)
         if out.get("wire_bytes", 0) > 0 and "dense_bytes" in out:
-            out["ratio"] = out["dense_bytes"] / out["wire_bytes"]
+            out["compression_factor"] = out["dense_bytes"] / out["wire_bytes"]
         if out.get("k", 0) > 0 and "k_hat" in out:
             out["quality"] = out["k_hat"] / out["k"]
         for key, values in samples.items():

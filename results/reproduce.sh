@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
 # Re-runs every experiment of results/README.md, one at a time (each uses 2 Gloo ranks), and
 # copies the reports here. Run from the repository root, with the project installed:
-#   bash results/reproduce.sh            # 2-core CPU: about an hour
+#   bash results/reproduce.sh            # 2-core CPU: about two hours
 #   bash results/reproduce.sh sidco lgc  # only these steps
+# Each step stamps the results page (the line `<!-- stamp:STEP -->...`) with the commit and
+# date its numbers come from, and says when the working tree had uncommitted changes.
+# grace_reference needs a checkout of https://github.com/sands-lab/grace in $GRACE_PATH and
+# is skipped, leaving its table and stamp as they were, without one.
 set -euo pipefail
 OUT=multirun/results
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce lgc sparse_model \
-  every_method bench_sidco bench_fig10 natural_table1 powersgd_vs_torch long_run)
+[ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
+  sparse_model every_method bench_sidco bench_fig10 natural_table1 variance grace_reference \
+  powersgd_vs_torch long_run)
 
 train_into() {  # train_into DIR [overrides...]: a multirun into an emptied $OUT/DIR
   local dir=$1; shift
   rm -rf "${OUT:?}/$dir"  # no stale runs from an earlier sweep in the report
   gracecomm-train -m trainer.progress=false "$@" "hydra.sweep.dir=$OUT/$dir"
+  local run missing=()
+  for run in "$OUT/$dir"/*/; do [ -f "$run/summary.json" ] || missing+=("$run"); done
+  if [ ${#missing[@]} -gt 0 ]; then  # a run that failed or hit trainer.timeout_s
+    echo "runs without a summary: ${missing[*]}" >&2; exit 1
+  fi
 }
 
 sweep() {  # sweep NAME [overrides...]: one experiment sweep into $OUT/NAME, report copied
@@ -22,6 +32,15 @@ sweep() {  # sweep NAME [overrides...]: one experiment sweep into $OUT/NAME, rep
   cp "$OUT/$name"/report.{md,csv} "$OUT/$name"/*.png "results/$name/"
 }
 
+stamp() {  # stamp STEP: record on the results page the commit STEP's numbers come from
+  local commit
+  commit=$(git rev-parse --short=12 HEAD)
+  [ -z "$(git status --porcelain --untracked-files=no -- . ':!results')" ] \
+    || commit="$commit with uncommitted changes"
+  sed -i "s|^<!-- stamp:$1 -->.*|<!-- stamp:$1 -->Produced at commit \`$commit\` on $(date +%F) \
+by \`bash results/reproduce.sh $1\`.|" results/README.md
+}
+
 for step in "${steps[@]}"; do
   echo "=== $step"
   case $step in
@@ -29,6 +48,11 @@ for step in "${steps[@]}"; do
     sidco) sweep sidco ;;
     natural) sweep natural seed=0,1,2 ;;
     deepreduce) sweep deepreduce ;;
+    deepreduce_fpr)  # the Bloom-policy grid of configs/experiment/deepreduce.yaml
+      train_into deepreduce_fpr +experiment=deepreduce \
+        +method=dr_bf_naive,dr_bf_p0,dr_bf_p1,dr_bf_p2 experiment.fpr=0.001,0.004,0.01,0.03
+      mkdir -p results/deepreduce_fpr
+      cp "$OUT/deepreduce_fpr"/report.{md,csv} "$OUT/deepreduce_fpr"/*.png results/deepreduce_fpr/ ;;
     lgc) sweep lgc
          python -m gracecomm.experiments.lgc_report "$OUT/lgc" --plot results/lgc/recon.png > results/lgc/phases.md
          python results/lgc_bound.py | tee results/lgc/bound.md ;;
@@ -42,6 +66,19 @@ for step in "${steps[@]}"; do
       gracecomm-bench suite=deepreduce_fig10 hydra.run.dir=outputs/results/bench_fig10 \
         | tee results/bench_fig10.txt ;;
     natural_table1) python -m gracecomm.experiments.natural_table1 | tee results/natural_table1.txt ;;
+    variance)
+      gracecomm-bench suite=variance hydra.run.dir=outputs/results/variance \
+        'columns=[method,data,numel,draws,second_moment,second_moment_std,variance,omega_bound,within_bound]' \
+        | tee results/variance.txt ;;
+    grace_reference)
+      if [ -z "${GRACE_PATH:-}" ]; then
+        echo "grace_reference: skipped, set GRACE_PATH to a checkout of https://github.com/sands-lab/grace" >&2
+        continue
+      fi
+      gracecomm-bench suite=grace_reference "+grace_reference.path=$GRACE_PATH" \
+        hydra.run.dir=outputs/results/grace_reference \
+        'columns=[method,total_s,x_read_total,bits_per_element,grace_total_s,grace_x_read_total,grace_bits_per_element,x_faster_than_grace,skipped]' \
+        | tee results/grace_reference.txt ;;
     powersgd_vs_torch) python -m gracecomm.experiments.powersgd_vs_torch | tee results/powersgd_vs_torch.txt ;;
     long_run)  # ~2,900 steps of the default experiment: state size and peak RSS over time
       train_into long_run compressor=none,topk,dgc,sidco,powersgd,deepreduce trainer.epochs=130
@@ -49,4 +86,5 @@ for step in "${steps[@]}"; do
       python results/long_run.py "$OUT/long_run" | tee results/long_run/memory.md ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;
   esac
+  stamp "$step"
 done

@@ -46,7 +46,7 @@ def test_wire_bytes_are_counted_from_payloads():
         stats = g.metrics.pop()
         assert stats["wire_bytes"] == nbytes, name
         assert stats["dense_bytes"] == 4000
-        assert stats["ratio"] == pytest.approx(4000 / nbytes)
+        assert stats["compression_factor"] == pytest.approx(4000 / nbytes)
 
 
 def test_topk_keeps_largest_magnitudes():

@@ -2,6 +2,7 @@
 the paper's volume targets, configuration, two-rank runs and training (spec Sec. 9)."""
 
 import json
+import math
 import warnings
 
 import pytest
@@ -269,22 +270,58 @@ def test_malformed_containers_are_refused():
         raw.decompress((c,), ctx)
 
 
-def test_bench_suites_run(capsys):
+BENCH = {"seed": 0, "repeats": 1, "deepreduce": {"numel": 5000, "bloom_numel": 3000},
+         "deepreduce_fig10": {"epochs": 0, "batch_size": 4, "layer": "fc.weight", "ratio": 0.1}}
+
+
+def filter_bits(r, fpr):
+    """pybloom-live's sizing written out (k slices of w bits; Remark 2 of the paper)."""
+    k = math.ceil(math.log2(1 / fpr))
+    return k * math.ceil(r * abs(math.log(fpr)) / (k * math.log(2) ** 2))
+
+
+def test_bench_deepreduce_suite(capsys):
+    """Both Bloom backends build the filter the sizing formula gives (5-byte header + m
+    bits) and find every index; the codecs' sizes are what their formats say."""
+    pytest.importorskip("pybloom_live")  # the suite times pybloom-live as its reference
     from omegaconf import OmegaConf
 
-    from gracecomm.experiments.bench.deepreduce import fig10, run
+    from gracecomm.experiments.bench.deepreduce import run
 
-    cfg = OmegaConf.create({"seed": 0, "repeats": 1,
-                            "deepreduce": {"numel": 5000, "bloom_numel": 3000},
-                            "deepreduce_fig10": {"epochs": 0, "batch_size": 4,
-                                                 "layer": "fc.weight", "ratio": 0.1}})
-    records = {r["method"]: r for r in run(cfg)}
-    assert records["bloom-p0 pybloom-live"]["speedup_vs_pybloom"] == 1.0
+    records = {r["method"]: r for r in run(OmegaConf.create(BENCH))}
+    r = 30  # 1% of 3,000
+    for backend in ("torch, table_slices=3", "torch, table_slices=0", "pybloom-live"):
+        rec = records[f"bloom-p0 {backend}"]
+        assert rec["payload_bytes"] == 5 + math.ceil(filter_bits(r, 0.001) / 8), backend
+        assert rec["positives"] >= r  # no false negatives
+    assert records["raw32 + raw"]["index_vs_int32"] == 1 and records["raw32 + raw"]["vs_topk"] > 1
+    assert records["bitmap + raw"]["index_bytes"] == math.ceil(5000 / 8)  # one bit per element
     assert records["raw32 + polyfit"]["payload_bytes"] < records["raw32 + raw"]["payload_bytes"]
     assert "targets (same run)" in capsys.readouterr().out
-    records = {r["method"]: r for r in fig10(cfg)}
-    assert records["Top-r"]["index_vs_dense"] == pytest.approx(64 / 640)  # r = 64 of 640
-    assert records["rle (zeros)"]["thesis_final_over_initial"] == 0.09523
+
+
+def test_bench_fig10_suite():
+    """Top-r's indices are 4r bytes (r = 64 of 640: a tenth of dense); the Bloom filters'
+    measured bits per index are the size formula's m/r rounded up to whole bytes, and they
+    shrink as the false-positive rate grows; RLE, a lossless code, needs at least
+    log2(C(d, r)) bits for the index set and less than int32's 32 per index."""
+    from omegaconf import OmegaConf
+
+    from gracecomm.experiments.bench.deepreduce import fig10
+
+    records = {r["method"]: r for r in fig10(OmegaConf.create(BENCH))}
+    assert records["Top-r"]["index_vs_dense"] == pytest.approx(64 / 640)
+    d, r = 640, 64
+    bloom = [rec for name, rec in records.items() if name.startswith("bloom p2-cover")]
+    for rec in bloom:
+        fpr = float(rec["method"].rsplit(" ", 1)[1])
+        assert rec["m_over_r (formula)"] == filter_bits(r, fpr) / r
+        assert 0 <= rec["bits_per_index (measured)"] - filter_bits(r, fpr) / r < 8 / r
+    measured = [rec["bits_per_index (measured)"] for rec in bloom]
+    assert measured == sorted(measured, reverse=True)
+    rle = records["rle (zeros)"]["bits_per_index (measured)"]
+    assert math.log2(math.comb(d, r)) / r <= rle < 32
+    assert records["rle (zeros)"]["final_over_initial"] == pytest.approx(rle * r / d)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""The Bloom-filter index codec and its policies (spec Sec. 5; Sec. 9 checks 2-7, 11, 12)."""
+"""The Bloom-filter index codec and its policies (spec Sec. 5; Sec. 9 checks 2-7, 11, 12).
+Only the comparisons with the reference library pybloom-live need it installed; every other
+test runs without it. Statistical tolerances say in a comment what spread they allow for."""
 
 import math
 import warnings
@@ -12,7 +14,12 @@ from gracecomm.compressors.deepreduce.bloom import HashFamily, TorchBloom
 from gracecomm.compressors.deepreduce.policies import (conflict_selection, mix, numba_available,
                                              priority_rank)
 
-pybloom_live = pytest.importorskip("pybloom_live")
+try:
+    import pybloom_live
+except ImportError:
+    pybloom_live = None
+needs_pybloom = pytest.mark.skipif(pybloom_live is None,
+                                   reason="compares with pybloom-live, which is not installed")
 
 FPRS = (0.001, 0.01, 0.02, 0.03, 0.6)
 
@@ -29,13 +36,22 @@ def codec(**options):
 
 @pytest.mark.parametrize("r", [1, 100, 26_000])
 @pytest.mark.parametrize("fpr", FPRS)
-def test_sizing_equals_pybloom_live_and_remark_2(r, fpr):
+def test_sizing_follows_remark_2(r, fpr):
+    """m ~ -r ln(eps) / (ln 2)^2, with k = ceil(log2(1/eps)) slices of w bits each, w the
+    smallest width that gives it: one bit less per slice would not hold the bound."""
+    k, w = bloom_size(r, fpr)
+    assert k == math.ceil(-math.log2(fpr))
+    bound = -r * math.log(fpr) / math.log(2) ** 2
+    assert k * w >= bound and k * (w - 1) < bound
+
+
+@needs_pybloom
+@pytest.mark.parametrize("r", [1, 100, 26_000])
+@pytest.mark.parametrize("fpr", FPRS)
+def test_sizing_equals_pybloom_live(r, fpr):
     k, w = bloom_size(r, fpr)
     reference = pybloom_live.BloomFilter(capacity=r, error_rate=fpr)
     assert (k, k * w) == (reference.num_slices, reference.num_bits)
-    # Remark 2: m ~ -r ln(eps) / (ln 2)^2, up to the rounding of k and w
-    assert k == math.ceil(-math.log2(fpr))
-    assert k * w >= -r * math.log(fpr) / math.log(2) ** 2
 
 
 def test_bits_per_index_table():
@@ -77,18 +93,26 @@ def test_no_false_negatives_and_fpr_follows_lemma_2(pattern):
     assert bool(torch.isin(s, positives).all()), "false negative"
     assert torch.equal(positives, torch.sort(positives).values)
     false = positives.numel() - r
-    assert false / (d - r) == pytest.approx(expected_fpr(r, k, k * w), rel=0.15)
-    assert false == pytest.approx(fpr * (d - r), rel=0.15)  # Lemma 5, read as an expectation
+    # ~9,940 false positives expected: binomial spread 1.0%, and the filter's fill varies
+    # (per slice 0.47%, over k = 7 slices 1.2%): 1.6% in all; 8% is 5 standard deviations
+    # (8 seeds per pattern measured within 4.4%). The sizing's rounding puts the expected
+    # rate 0.4% above eps.
+    assert false / (d - r) == pytest.approx(expected_fpr(r, k, k * w), rel=0.08)
+    assert false == pytest.approx(fpr * (d - r), rel=0.08)  # Lemma 5, read as an expectation
     # the uncached path and another chunking find the same positives
     other = TorchBloom(table_slices=0, chunk=1 << 20).query(bits, family, d, None)
     assert torch.equal(other, positives)
 
 
-@pytest.mark.parametrize("r", [1, 5, 40])
-def test_small_filters_keep_their_false_positive_rate(r):
+@pytest.mark.parametrize("r,rel", [(1, 0.05), (5, 0.3), (40, 0.12)])
+def test_small_filters_keep_their_false_positive_rate(r, rel):
     """Independent slice hashes: even a filter of one element (w = 2) has FPR ~ 2^-10 at
-    eps = 0.001, on average 1 - (1 - 1/w)^r per slice, as pybloom-live's."""
-    d, sets, false = 100_000, 10, 0
+    eps = 0.001, on average 1 - (1 - 1/w)^r per slice, as pybloom-live's. Over 100 filters
+    the relative standard deviation of the false-positive count is 1.0% (r = 1: every slice
+    holds exactly one bit of two, only the binomial spread remains), 6.8% (r = 5: how many
+    of a slice's 8 bits 5 elements set varies widely) and 2.5% (r = 40; simulated), so `rel`
+    is 4.4 to 5 standard deviations."""
+    d, sets, false = 100_000, 100, 0
     k, w = bloom_size(r, 0.001)
     backend = TorchBloom(0, d)
     for seed in range(sets):
@@ -100,26 +124,23 @@ def test_small_filters_keep_their_false_positive_rate(r):
     assert false / (sets * (d - r)) == pytest.approx(expected, rel=0.3)
 
 
-def test_measured_fpr_agrees_with_pybloom_live():
+@pytest.mark.parametrize("backend", ["torch", pytest.param("pybloom", marks=needs_pybloom)])
+def test_measured_fpr_agrees_with_lemma_2(backend):
+    """The codec's filter, ours and pybloom-live's (its own hashes), meets the expected rate:
+    ~1,990 false positives, binomial spread 2.2%, the filter's fill 2.9% (k = 7 slices of
+    1,370 bits): 3.7% in all, so rel = 0.15 is 4 standard deviations."""
     d, r, fpr = 200_000, 2_000, 0.01
     s = torch.randperm(d, generator=torch.Generator().manual_seed(4))[:r].sort().values
-    ours = codec(fpr=fpr)
-    theirs = codec(fpr=fpr, backend="pybloom")
-    rates = []
-    for c in (ours, theirs):
-        section = c.encode(s, ctx(d))
-        assert section.numel() == 5 + math.ceil(bloom_size(r, fpr)[0] * bloom_size(r, fpr)[1] / 8)
-        positives = c.decode(section, r, ctx(d)) if c.policy != "p0" else None
-        sel = c.select(s, torch.ones(d), ctx(d))
-        positives = sel.values_at
-        assert bool(torch.isin(s, positives).all())
-        rates.append((positives.numel() - r) / (d - r))
     k, w = bloom_size(r, fpr)
-    for rate in rates:
-        assert rate == pytest.approx(expected_fpr(r, k, k * w), rel=0.15)
+    c = codec(fpr=fpr, backend=backend)
+    assert c.encode(s, ctx(d)).numel() == 5 + math.ceil(k * w / 8)
+    positives = c.select(s, torch.ones(d), ctx(d)).values_at
+    assert bool(torch.isin(s, positives).all())
+    rate = (positives.numel() - r) / (d - r)
+    assert rate == pytest.approx(expected_fpr(r, k, k * w), rel=0.15)
 
 
-@pytest.mark.parametrize("backend", ["torch", "pybloom"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("pybloom", marks=needs_pybloom)])
 @pytest.mark.parametrize("policy", ["p0", "p1", "p2", "leftmost", "middle", "rightmost", "naive"])
 def test_sender_and_receiver_agree(policy, backend):
     d, r = 3_000 if backend == "pybloom" else 50_000, 60
@@ -243,7 +264,11 @@ def test_p2_kernels_match_the_reference(mode):
 
 def test_p2_prefers_true_positives():
     """Conflict sets make fewer policy errors than random or leftmost choices (thesis
-    Table 1 at FPR 0.01: leftmost 56.9%, random 51.8%, conflict sets 18.7%)."""
+    Table 1 at FPR 0.01: leftmost 56.9%, random 51.8%, conflict sets 18.7%). Measured over
+    four index sets: random 0.49-0.51, leftmost 0.48-0.52, P2 round-robin 0.266-0.270, P2
+    cover 0.196-0.207. A rate over r = 2,000 choices has a binomial standard deviation of at
+    most 0.011 (0.0099 at 0.27, 0.0089 at 0.2): the bounds sit 3.5 to 5.5 of them from the
+    measured values."""
     d, r = 200_000, 2_000
     s = torch.randperm(d, generator=torch.Generator().manual_seed(8))[:r].sort().values
     flat = torch.randn(d)
@@ -251,7 +276,7 @@ def test_p2_prefers_true_positives():
            .stats["bloom_policy_errors"] / r
            for p, m in (("p1", "round_robin"), ("leftmost", "round_robin"),
                         ("p2", "round_robin"), ("p2", "cover"))}
-    assert 0.4 < per["p1", "round_robin"] < 0.6 and 0.4 < per["leftmost", "round_robin"] < 0.6
+    assert 0.44 < per["p1", "round_robin"] < 0.56 and 0.44 < per["leftmost", "round_robin"] < 0.56
     assert per["p2", "round_robin"] < 0.32
     assert per["p2", "cover"] < 0.24
 

@@ -301,3 +301,34 @@ def test_lgc_report_marks_ps_at_the_leaders_indices(tmp_path):
     text = report([read_run(tmp_path)])
     assert "| lgc_ps indices=leader | 2 | 1 | 10 |" in text
     assert text.endswith("share of indices in common: lgc_ps indices=leader: 0.75 / 1.00")
+
+
+def test_lgc_report_compares_phase_3_on_both_bases(tmp_path):
+    """n = 1000 (4000 dense bytes); phase 2 sends mu + kappa = 20 values (Top-k's values-only
+    ratio 50x); in phase 3 the leader sends 6 values and the others 2: 167x and 500x, 3.33x
+    and 10x Top-k's, next to the paper's 5.71x, 8.10x and 8.62x, 17.00x; bytes against Top-k
+    on LGC's partition at the same steps (DEFLATE 200 B, int32 240 B) and the topk run."""
+    base = {"type": "step", "dense_bytes": 4000, "lgc_topk_deflate_nbytes": 200,
+            "lgc_topk_int32_nbytes": 240}
+    steps = [{**base, "step": 1, "lgc_phase": 2, "wire_bytes": 200, "lgc_values_bytes": 80},
+             {**base, "step": 2, "lgc_phase": 3, "wire_bytes": 50, "lgc_innovation_bytes": 4,
+              "lgc_values_bytes": 4, "lgc_leader_bytes": 80, "lgc_others_bytes": 50,
+              "lgc_leader_values": 6, "lgc_others_values": 2, "lgc_rho": 0.5,
+              "lgc_rho_innov": 0.75}]
+    runs = []
+    for name, records in (("lgc_ps", steps),
+                          ("topk", [{"type": "step", "step": 1, "dense_bytes": 4000,
+                                     "wire_bytes": 400}])):
+        (tmp_path / name).mkdir()
+        lines = [{"type": "config", "config": {}}, *records,
+                 {"type": "summary", "compressor": name, "test_acc": 0.5}]
+        (tmp_path / name / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)))
+        runs.append(read_run(tmp_path / name))
+    text = report(runs)
+    assert "| lgc_ps | 2 | 1 | 200 | - | 20.0x | 1.00x | 1.20x | 50 |" in text
+    assert "| lgc_ps | 3 | 1 | 50 | 80 / 50 | 80.0x | 4.00x | 4.80x | 167 / 500 |" in text
+    assert "| 0.50 (0.75) |" in text
+    assert ("| lgc_ps | leader | 167x | 3.33x | 5.71x, 8.10x | 80 | 2.50x | 3.00x | 5.00x |"
+            in text)
+    assert ("| lgc_ps | others | 500x | 10.00x | 8.62x, 17.00x | 50 | 4.00x | 4.80x | 8.00x |"
+            in text)

@@ -168,6 +168,43 @@ def check_lgc(rank, world_size):
     check_variants(rank, world_size)
 
 
+def smooth(n, gen):
+    """A smooth random vector: i.i.d. normals low-pass filtered by a Gaussian (sigma 8)."""
+    kernel = torch.exp(-0.5 * (torch.arange(-32, 33) / 8.0) ** 2)
+    w = torch.randn(n + 64, generator=gen)
+    return nn.functional.conv1d(w.view(1, 1, -1), kernel.view(1, 1, -1)).view(-1)[:n]
+
+
+def check_ps_learns_a_common_part(rank, world_size, lr, learns):
+    """Every worker's gradient is a common smooth vector, new every step, plus 10% of
+    worker-specific noise (memory none, so the vectors stay that way). Gate: in phase 3 the
+    master's own vector, decoded from the leader's latent and its innovation, has rho <= 0.6
+    rho_innov. Measured: rho 0.28 against rho_innov 0.83 after 120 training steps (0.34x); an
+    autoencoder that does not learn (lr 1e-12: its pass-through initialisation) gives 0.832
+    against 0.831 (1.00x), so the gate lies between the two with room on both sides."""
+    g = grace.build({"name": "lgc_ps", "ratio": 0.05, "warmup_iters": 0, "ae_train_iters": 120,
+                     "ae": {"lr": lr}}, "none")
+    sizes = {"first.weight": 16, "mid.weight": 8192, "mid2.weight": 8192, "last.weight": 32}
+    rho, innov = [], []
+    for step in range(130):
+        common = torch.Generator().manual_seed(1000 + step)
+        own = torch.Generator().manual_seed(10_000 * (rank + 1) + step)
+        g.step_many([(name, smooth(n, common) + 0.1 * torch.randn(n, generator=own))
+                     for name, n in sizes.items()])
+        stats = g.metrics.pop()
+        if rank == 0 and stats["lgc_phase"] == 3:
+            rho.append(stats["lgc_rho"])
+            innov.append(stats["lgc_rho_innov"])
+    if rank == 0:
+        assert len(rho) == 10 and 0.5 < mean(innov) < 1
+        assert (mean(rho) <= 0.6 * mean(innov)) == learns, (mean(rho), mean(innov))
+
+
+@pytest.mark.parametrize("lr,learns", [(1e-3, True), (1e-12, False)])
+def test_ps_autoencoder_learns_what_workers_share(lr, learns):
+    run_ranks(check_ps_learns_a_common_part, 2, lr, learns, timeout_s=240)
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_lgc_on_several_ranks(world_size):
     run_ranks(check_lgc, world_size, timeout_s=240)
@@ -212,11 +249,14 @@ SPEC_TRAINING = ("model=reference_cnn", "data=prototypes", "compressor.ratio=0.0
                                           ("lgc_ps", ("compressor.indices=leader",))])
 def test_lgc_spec_training_run(tmp_path, name, options):
     """Finite losses; RAR's relative reconstruction error rho falls to <= 0.8x its start over
-    phase 2 (measured 0.56x); PS's stays below 1, at its own indices (its innovation alone
-    gives ~0.75) and at the leader's (0.96x its start here, with mu = 244; 0.42x at the LGC
-    experiment's mu = 4,802); the training loss of phase 3 falls by 10% (measured 0.79x RAR,
-    0.68x PS, 0.61x PS at the leader's indices); held-out accuracy at least twice chance
-    (measured 0.52, 0.60 and 0.62)."""
+    phase 2 (measured 0.56x). PS: the spec's check, rho < 1 over the last 50 phase-2 steps
+    and over phase 3 (the master's own vector, decoded from the leader's latent), which a
+    decoder that passes its innovation through meets on its own (rho = rho_innov, about
+    0.75): at this scale the PS autoencoder does not learn beyond its innovation (docs/lgc.md),
+    and test_ps_autoencoder_learns_what_workers_share is the gate on its learning. The
+    training loss of phase 3 falls by 10% (measured 0.79x RAR, 0.68x PS, 0.61x PS at the
+    leader's indices); held-out accuracy at least twice chance (measured 0.52, 0.60 and
+    0.62)."""
     proc = train(tmp_path, f"compressor={name}", *SPEC_TRAINING, *options, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
     recs = records(tmp_path / "run" / "metrics.jsonl")
@@ -231,7 +271,7 @@ def test_lgc_spec_training_run(tmp_path, name, options):
     if name == "lgc_rar":
         assert mean(rho[-50:]) <= 0.8 * mean(rho[:20])
     else:
-        assert mean(rho[-50:]) < 1
+        assert mean(rho[-50:]) < 1 and mean(s["lgc_rho"] for s in phase3) < 1
     loss = [s["loss"] for s in phase3]
     assert mean(loss[-100:]) <= 0.9 * mean(loss[:100])
     assert recs[-1]["test_acc"] >= 0.2

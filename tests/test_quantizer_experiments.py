@@ -33,8 +33,12 @@ def test_measured_bits_come_from_the_payloads():
     x = t1.torch.randn(d)
     bits = {a: t1.measured_bits(a, x, q, 3) for a in t1.PAPER}
     assert bits["Baseline"] == 32 * d and bits["C_nat"] == 9 * d
-    assert bits["S_q"] == 64 * q  # float32 values + int32 indices
-    assert bits["C_nat o S_q"] == 8 * (q + math.ceil(q / 8)) + 32 * q
+    # indices packed in ceil(log2 8000) = 13 bits (the spec's Table 1 format) or int32
+    assert bits["S_q"] == 32 * q + 8 * math.ceil(13 * q / 8)
+    assert bits["C_nat o S_q"] == 8 * (q + math.ceil(q / 8)) + 8 * math.ceil(13 * q / 8)
+    assert t1.measured_bits("S_q", x, q, 3, packed=False) == 64 * q
+    assert t1.measured_bits("C_nat o S_q", x, q, 3, packed=False) == (
+        8 * (q + math.ceil(q / 8)) + 32 * q)
     assert bits["D_sta"] == 32 + d * (1 + 3)  # 2^(3-1) = 4 levels: 3-bit codes + sign
     assert bits["D_nat"] == 32 + d * (1 + 2)  # 3 levels: 2-bit codes + sign
     rows = t1.table1(d=d)

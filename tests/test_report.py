@@ -30,7 +30,8 @@ def test_multirun_writes_its_report(tmp_path):
         assert float(row["wire_bytes/step"]) == pytest.approx(summary["wire_bytes_per_step"])
         for net in ("0.1Gbps", "1Gbps", "10Gbps"):
             assert float(row[f"speedup@{net}"]) == pytest.approx(summary[f"speedup@{net}"])
-    assert float(rows[1]["ratio"]) > 4 and rows[0]["ratio"] == "1.0"
+    assert float(rows[1]["compression_factor"]) > 4 and rows[0]["compression_factor"] == "1.0"
+    assert "downlink_bytes/step" not in rows[0]  # allreduce and allgather: one direction
     for plot in ("pareto", "overhead", "speedup", "loss", "quality"):  # topk logs k_hat/k
         assert (sweep / f"{plot}.png").stat().st_size > 1000, plot
     markdown = (sweep / "report.md").read_text()

@@ -53,6 +53,53 @@ def test_topk_run_logs_real_wire_bytes(tmp_path):
     assert step["dense_bytes"] == 4 * sum(sizes)
 
 
+def test_summary_keeps_start_up_apart():
+    """Per-step means exclude the first step of a process (start-up: kernels loading), which
+    is reported on its own; a parameter server's downlink is summarised next to the uplink."""
+    import torch
+
+    from grace.network import networks
+    from gracecomm.experiments.train import _summary, accumulate, format_summary, new_totals
+
+    totals = new_totals()
+    first = {"dense_bytes": 1000, "wire_bytes": 20, "downlink_bytes": 1000, "step_s": 5.0,
+             "compress_s": 4.0, "exchanges": 1, "coll_ps_pull_bytes": 1000,
+             "coll_ps_pull_calls": 1}
+    accumulate(totals, first, startup=True)
+    for _ in range(4):
+        accumulate(totals, {**first, "step_s": 0.01, "compress_s": 0.002}, startup=False)
+    s = _summary(totals, 5, 1, torch.device("cpu"), networks([1.0], 50))
+    assert s["step_s_per_step"] == pytest.approx(0.01) and s["steady_steps"] == 4
+    assert s["compress_s_per_step"] == pytest.approx(0.002)
+    assert (s["startup_steps"], s["startup_step_s"], s["startup_overhead_s"]) == (1, 5.0, 4.0)
+    assert s["compression_factor"] == 50 and s["compression_factor_down"] == 1
+    s.update(compressor="topk", memory="residual", communicator="parameter_server",
+             world_size=2, steps=5, metric="test_acc", metric_label="test accuracy",
+             test_acc=0.5)
+    text = format_summary(s, "run")
+    assert "uplink / step          20 B per rank (dense 1.0 KB, compression factor 50.0x)" in text
+    assert "downlink / step        1.0 KB to every rank (compression factor 1.0x)" in text
+    assert "means over steps 2-5; start-up (step 1) took 5.00 s, of it compression 4.00 s" \
+        in text
+    one = new_totals()  # a run of one step has nothing else to average
+    accumulate(one, first, startup=True)
+    s = _summary(one, 1, 1, torch.device("cpu"), networks([1.0], 50))
+    assert s["step_s_per_step"] == 5.0 and s["startup_steps"] == 0
+
+
+@pytest.mark.slow
+def test_parameter_server_run_summarises_both_directions(tmp_path):
+    proc = train(tmp_path, "compressor=topk", "communicator=parameter_server",
+                 "trainer.max_steps=6")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # the server replies with the dense mean: every rank receives dense bytes
+    assert summary["downlink_bytes_per_step"] == summary["dense_bytes_per_step"]
+    assert summary["compression_factor_down"] == 1 and summary["compression_factor"] > 5
+    assert summary["steady_steps"] == 5 and summary["startup_steps"] == 1
+    assert "downlink / step" in proc.stdout and "start-up (step 1)" in proc.stdout
+
+
 @pytest.mark.slow
 def test_multirun_sweeps_compressors_and_wandb_offline(tmp_path):
     proc = train(tmp_path, "compressor=none,randomk", "logger=wandb", "trainer.max_steps=5",

@@ -320,6 +320,16 @@ class LGC(Compressor):
     def log_bytes(self, part: str, tensor: torch.Tensor) -> None:
         self.metrics.add(f"lgc_{part}_bytes", payload_nbytes([tensor]))
 
+    def log_topk_baseline(self, plan: Plan, dense: torch.Tensor, index_bytes: int) -> None:
+        """What plain Top-k on LGC's partition would send from this rank this step (spec
+        Sec. 8, "top-k baseline"): F dense and the mu + kappa selected values, with the
+        indices DEFLATE-coded as LGC codes them (`index_bytes`: this step's stream, the rank's
+        own or the leader's, whose length every rank knows) in ``lgc_topk_deflate_nbytes``,
+        or as int32 in ``lgc_topk_int32_nbytes``. Not part of ``wire_bytes``."""
+        values = (plan.mu + plan.kappa) * dense.element_size() + payload_nbytes([dense])
+        self.metrics.add("lgc_topk_deflate_nbytes", values + index_bytes)
+        self.metrics.add("lgc_topk_int32_nbytes", values + 4 * (plan.mu + plan.kappa))
+
     # -- checkpoint ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"step": self.step, "synced": self.synced,

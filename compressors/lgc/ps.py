@@ -39,6 +39,7 @@ from gracecomm.compressors.lgc.layout import Plan
 
 PARTS = {2: ("dense", "values", "index"),
          3: ("dense", "latent", "innovation", "values", "scalars", "index", "index")}
+VALUE_PARTS = ("latent", "innovation", "values")  # what the paper's values-only ratio counts
 
 
 def similarity_loss(z: torch.Tensor) -> torch.Tensor:
@@ -50,10 +51,12 @@ def similarity_loss(z: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True, eq=False)
 class PsCtx(LGCCtx):
     """With ``indices: leader``: the leader's selection, which every rank received, and the
-    length of the index stream the leader broadcast."""
+    length of the index stream the leader broadcast. In phase 3, `own`: this rank's top-k
+    vector g~ (rank-local; the master checks its own reconstruction against it)."""
 
     indices: list[torch.Tensor] | None = None
     index_bytes: int = 0
+    own: torch.Tensor | None = None
 
 
 @dataclass
@@ -129,13 +132,16 @@ class LGCPS(LGC):
         if self.indices == "leader":
             indices, index_bytes = self.leader_indices(plan, tensors, self.leader)
             idx = torch.empty(0, dtype=torch.uint8, device=tensors[0].device)
-            ctx = PsCtx(info, plan, phase, self.step, indices, index_bytes)
+            broadcast: dict[str, Any] = {"indices": indices, "index_bytes": index_bytes}
         else:
             indices = plan.topk(tensors)
             idx = plan.encode_indices(indices, self.delta, self.zlib_level)
-            ctx = PsCtx(info, plan, phase, self.step)
+            index_bytes, broadcast = idx.numel(), {}
         topk_m, values_l = plan.values(tensors, indices)
         dense = plan.dense_part(tensors)
+        self.log_topk_baseline(plan, dense, index_bytes)
+        ctx = PsCtx(info, plan, phase, self.step, **broadcast,
+                    own=topk_m if phase == 3 else None)
         if phase == 2:
             payload: Payload = (dense, torch.cat([topk_m, values_l]), idx)
         else:
@@ -158,11 +164,10 @@ class LGCPS(LGC):
         sizes = [payload_nbytes(p) for p in payloads]
         if isinstance(ctx, PsCtx) and ctx.indices is not None:  # the leader's index broadcast
             sizes[self.leader] += ctx.index_bytes
-        if len(sizes) > 1:
-            leader = self.leader
-            self.metrics.add("lgc_leader_bytes", sizes[leader])
-            self.metrics.add("lgc_others_bytes",
-                             (sum(sizes) - sizes[leader]) / (len(sizes) - 1))
+        self.log_senders("bytes", sizes)
+        if ctx.phase > 1:
+            self.log_senders("values", [sum(t.numel() for part, t in zip(PARTS[ctx.phase], p)
+                                            if part in VALUE_PARTS) for p in payloads])
         if ctx.phase == 1:
             for rank, payload in enumerate(payloads):
                 expect_dense(payload, ctx.info, f"lgc_ps phase-1 payload of rank {rank}")
@@ -172,6 +177,16 @@ class LGCPS(LGC):
             self.train(parts, ctx)
             return self.average(parts, ctx)
         return self.average(parts, ctx, latent=parts[self.leader].latent)
+
+    def log_senders(self, what: str, per_rank: Sequence[float]) -> None:
+        """``lgc_leader_<what>`` and ``lgc_others_<what>`` (the mean over the other workers)
+        of a per-rank quantity the master received (spec Sec. 8: PS reports the leader and
+        the others apart)."""
+        if len(per_rank) > 1:
+            leader = self.leader
+            self.metrics.add(f"lgc_leader_{what}", per_rank[leader])
+            self.metrics.add(f"lgc_others_{what}",
+                             (sum(per_rank) - per_rank[leader]) / (len(per_rank) - 1))
 
     def decode(self, payload: Payload, ctx: LGCCtx) -> torch.Tensor:
         """A single payload on its own (a world of one); in phase 3 it must carry the latent."""
@@ -245,8 +260,10 @@ class LGCPS(LGC):
             elif plan.mu:
                 with torch.no_grad(), self.metrics.timer("ae_s"):
                     u = self.innovation_vector(plan, part.positions, part.innovation, part.scale)
-                    x = self.decoders[k](z, u)[0, 0, :plan.mu] * part.scale
-                values_m = self.check_reconstruction(x).to(out.dtype)
+                    y = self.decoders[k](z, u)[0, 0, :plan.mu]
+                if k == self.rank and isinstance(ctx, PsCtx) and ctx.own is not None:
+                    self.log_rho(y, u[0, 0, :plan.mu], ctx.own.float() / part.scale)
+                values_m = self.check_reconstruction(y * part.scale).to(out.dtype)
             else:
                 values_m = out[:0]
             out.index_add_(0, flat_m, values_m)
@@ -267,7 +284,6 @@ class LGCPS(LGC):
                        for row in x for pos in (plan.innovation(row),)])
         r = stable_hash(self.seed, "lgc_ps_r", ctx.step) % len(parts)
         length = padded_length(plan.mu)
-        norm = float(x.pow(2).sum())
         lam1, lam2 = float(self.ae["lambda1"]), float(self.ae["lambda2"])
         if len(parts) > 1:
             self.log_worker_similarity(plan, parts, x)
@@ -279,12 +295,21 @@ class LGCPS(LGC):
             l_sim = similarity_loss(z)
             self.metrics.add("lgc_recon_loss", l_rec.item())
             self.metrics.add("lgc_sim_loss", l_sim.item())
-            self.metrics.add("lgc_rho", l_rec.item() / max(norm, 1e-30))
-            self.metrics.add("lgc_rho_innov",
-                             (x - u[:, 0, :plan.mu]).pow(2).sum().item() / max(norm, 1e-30))
+            self.log_rho(rec[:, 0, :plan.mu].detach(), u[:, 0, :plan.mu], x)
             return lam1 * l_rec + lam2 * l_sim
 
         self.train_step(loss)
+
+    def log_rho(self, decoded: torch.Tensor, innovation: torch.Tensor,
+                target: torch.Tensor) -> None:
+        """``lgc_rho`` = |x_hat - x|^2 / |x|^2 and ``lgc_rho_innov`` = |u - x|^2 / |x|^2 (the
+        innovation alone) on RMS-scaled vectors (spec Sec. 11, training test 2). Phase 2: over
+        the K vectors the step trains on. Phase 3: the master's own vector, decoded from the
+        leader's latent and its innovation as every worker's is; a decoder that only passes
+        its innovation through gives rho = rho_innov."""
+        norm = max(float(target.pow(2).sum()), 1e-30)
+        self.metrics.add("lgc_rho", float((decoded - target).pow(2).sum()) / norm)
+        self.metrics.add("lgc_rho_innov", float((innovation - target).pow(2).sum()) / norm)
 
     def log_worker_similarity(self, plan: Plan, parts: Sequence[WorkerPart],
                               x: torch.Tensor) -> None:

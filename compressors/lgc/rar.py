@@ -98,10 +98,11 @@ class LGCRar(LGC):
         leader = self.leader_at(self.step)
         self.metrics.add("lgc_leader", leader)
         self.metrics.add("lgc_is_leader", int(self.rank == leader))
-        indices, _ = self.leader_indices(plan, tensors, leader)
+        indices, index_bytes = self.leader_indices(plan, tensors, leader)
         topk_m, values_l = plan.values(tensors, indices)
         flat_m, flat_l = plan.flat_positions(indices)
         dense = plan.dense_part(tensors)
+        self.log_topk_baseline(plan, dense, index_bytes)
         views = plan.views(tensors, indices)
         if phase == 2:
             local = torch.cat([topk_m, values_l])
