@@ -79,9 +79,9 @@ def build_grace(cfg: DictConfig) -> Grace:
 def validate(cfg: DictConfig) -> None:
     """Fail before any worker starts: targets, option names, ranges and pairings, the
     logger's set-up and the checkpoint to resume from."""
+    check_scale(cfg)  # first: the other options' values interpolate the scale's preset
     if not cfg.get("allow_any_target", False):
         check_targets(cfg)
-    check_scale(cfg)
     check_trainer_options(cfg.trainer)
     t = cfg.trainer
     check_range(t.world_size, "trainer", "world_size", 1, integer=True)

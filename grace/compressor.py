@@ -9,6 +9,7 @@ rank (shape, dtype, step, shared-seed state).
 from __future__ import annotations
 
 import copy
+import copyreg
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 Payload = tuple[torch.Tensor, ...]
 WARM_UP_NUMEL = 2 * 65536 + 17  # past two chunks of the fused kernels: their threaded paths too
+# a wrapper's adopted training defaults are read-only mappings; `warm_up` deep-copies it
+copyreg.pickle(MappingProxyType, lambda m: (MappingProxyType, (dict(m),)))
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ class Compressor(ABC):
         collectives of their own (``communicators``) or ``model_level`` ones skip it."""
         if self.model_level or self.communicators is not None:
             return
-        twin = copy.deepcopy(self, {id(self.comm): None, id(self.metrics): Metrics()})
+        twin = copy.deepcopy(self, {id(self.comm): None})
         payload, ctx = twin.compress(torch.linspace(-1.0, 1.0, WARM_UP_NUMEL), "warm_up")
         twin.decompress(payload, ctx)
 

@@ -30,6 +30,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -44,6 +45,12 @@ class Metrics:
         self._lock = threading.Lock()
         self._by_thread = threading.local()
         self.sync_cuda = False
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Metrics:
+        """A copy (of a compressor, say) records into new, empty metrics."""
+        fresh = type(self)()
+        fresh.sync_cuda = self.sync_cuda
+        return fresh
 
     def add(self, key: str, value: float) -> None:
         """Add `value` to the step's running sum for `key`."""

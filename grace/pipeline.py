@@ -16,14 +16,15 @@ from typing import Any
 import torch
 
 from grace.communicator import Communicator, Item
-from grace.compressor import Compressor
+from grace.compressor import Compressor, Payload
 from grace.config import instantiate
 from grace.exchange import Exchange, Link, Rounds, Works
 from grace.memory import Memory
 from grace.metrics import Metrics
 from grace.needs import Need
 from grace.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, Registry
-from grace.validation import ConfigError, NonFiniteError, check_tensor, is_finite
+from grace.validation import (ConfigError, NonFiniteError, PayloadError, check_tensor,
+                              is_finite)
 
 MODEL_ITEM = "model"  # the name of the joint item of a model-level compressor
 
@@ -169,7 +170,7 @@ class Grace:
         items: list[Item] = []
         with metrics.timer("memory_s"):
             for (name, tensor), (payload, ctx) in zip(compensated, compressed):
-                self.memory.update(tensor, name, self.compressor, payload, ctx)
+                self._update_memory(tensor, name, payload, ctx)
                 items.append((payload, ctx, name))
         means = yield from self.communicator.exchange(items, link)
         if link.any_nonfinite:
@@ -180,6 +181,16 @@ class Grace:
                 for (name, tensor), (_, ctx, _), mean in zip(compensated, items, means):
                     self.memory.update_mean(tensor, name, self.compressor, ctx, mean)
         return means
+
+    def _update_memory(self, tensor: torch.Tensor, name: str, payload: Payload,
+                       ctx: Any) -> None:
+        """`Memory.update` with this rank's own payload; a malformed one names the rank."""
+        try:
+            self.memory.update(tensor, name, self.compressor, payload, ctx)
+        except PayloadError as err:
+            raise PayloadError(f"{self.compressor.label} on rank {self.communicator.rank} "
+                               f"produced a malformed payload for tensor '{name}': {err}"
+                               ) from err
 
     def _model_rounds(self, compensated: Named, link: Link) -> Rounds:
         """`_rounds` for model-level compressors (`Compressor.compress_model`): compress
@@ -193,7 +204,7 @@ class Grace:
                                                         compensated)
         with metrics.timer("memory_s"):
             for (name, tensor), (sel_payload, sel_ctx) in zip(compensated, selections):
-                self.memory.update(tensor, name, self.compressor, sel_payload, sel_ctx)
+                self._update_memory(tensor, name, sel_payload, sel_ctx)
         means = yield from self.communicator.exchange([(payload, ctx, MODEL_ITEM)], link)
         if link.any_nonfinite:
             self._nonfinite_step = True
