@@ -31,7 +31,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
@@ -64,7 +64,11 @@ def compose_config(*overrides: str) -> DictConfig:
     composes it (for tests and scripts)."""
     from hydra import compose, initialize_config_dir
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
+        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)  # `${hydra:...}` values resolve, as in a run
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
 
 
 def build_grace(cfg: DictConfig) -> Grace:
@@ -134,7 +138,8 @@ def check_logger(logger: DictConfig) -> None:
     (``logger=wandb`` needs wandb installed and a valid ``mode``), before any worker starts:
     the logger itself is only created on rank 0 once training begins."""
     cls = get_class(logger._target_)
-    options = {str(k): v for k, v in logger.items() if k != "_target_"}
+    # unresolved: `choices` and `overrides` interpolate Hydra's runtime, absent outside a run
+    options = {str(k): v for k, v in logger.items_ex(resolve=False) if k != "_target_"}
     try:
         inspect.signature(cls).bind(run_dir="", run_config={}, **options)
     except TypeError as err:

@@ -159,12 +159,16 @@ class Compressor(ABC):
         set up. The pipeline calls it once when it is built. A copy of the compressor
         compresses and decompresses a float32 CPU tensor; the compressor, its state and its
         metrics are untouched (other dtypes load their kernels on first use). Methods with
-        collectives of their own (``communicators``) or ``model_level`` ones skip it."""
+        collectives of their own (``communicators``) or ``model_level`` ones skip it; one
+        that cannot compress this tensor stays cold (its first step reports the error)."""
         if self.model_level or self.communicators is not None:
             return
         twin = copy.deepcopy(self, {id(self.comm): None})
-        payload, ctx = twin.compress(torch.linspace(-1.0, 1.0, WARM_UP_NUMEL), "warm_up")
-        twin.decompress(payload, ctx)
+        try:
+            payload, ctx = twin.compress(torch.linspace(-1.0, 1.0, WARM_UP_NUMEL), "warm_up")
+            twin.decompress(payload, ctx)
+        except Exception:  # noqa: BLE001 - a speed-up only: the first step reports any error
+            return
 
     def adopt_training_needs(self, parts: Sequence[Compressor]) -> None:
         """For wrappers: take the ``training_defaults`` and ``sensitivities`` of the
