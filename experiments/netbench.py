@@ -170,17 +170,21 @@ def run_method(namespace: str, overrides: Sequence[str], run_dir: Path, steps: i
     return [r for r in records if r.get("type") == "step"]
 
 
-def summarise(method: str, records: list[dict[str, Any]], warmup: int,
+def summarise(method: str, rounds: list[list[dict[str, Any]]],
               network: Network) -> dict[str, Any]:
-    """Median measured and projected step times of the steps after the warm-up."""
-    kept = records[warmup:]
+    """Medians over the measured steps of every round (`rounds`: each round's step records
+    after its warm-up), and the lowest and highest of the rounds' own median step times."""
+    kept = [r for records in rounds for r in records]
     label = network.label
     median = lambda key: statistics.median(r[key] for r in kept)  # noqa: E731
+    per_round = [statistics.median(r["step_s"] for r in records) for records in rounds]
     return {"method": method, "step_s": median("step_s"),
+            "round_step_s": [min(per_round), max(per_round)],
             "projected_step_s": median(f"projected_step_s@{label}"),
             "projected_dense_step_s": median(f"dense_step_s@{label}"),
-            "compute_s": median("compute_s"), "comm_s": median("comm_s") if "comm_s" in kept[0]
-            else 0.0, "wire_bytes": median("wire_bytes"), "steps": len(kept)}
+            "compute_s": median("compute_s"), "comm_timed": "comm_s" in kept[0],
+            "comm_s": median("comm_s") if "comm_s" in kept[0] else 0.0,
+            "wire_bytes": median("wire_bytes"), "steps": len(kept)}
 
 
 def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
@@ -189,6 +193,7 @@ def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
     check_range(cfg.latency_ms, "netbench", "latency_ms", 0.0)
     check_range(cfg.steps, "netbench", "steps", 1, integer=True)
     check_range(cfg.warmup_steps, "netbench", "warmup_steps", 0, integer=True)
+    check_range(cfg.rounds, "netbench", "rounds", 1, integer=True)
     check_range(cfg.world_size, "netbench", "world_size", 2, integer=True)
     presets = cfg.presets
     names = [cfg.baseline] + [m for m in cfg.methods if m != cfg.baseline]
@@ -206,13 +211,19 @@ def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
 
 
 def format_table(rows: list[dict[str, Any]], bandwidth_mbps: float) -> str:
-    lines = [f"shaped loopback at {bandwidth_mbps:g} Mbit/s; medians over the measured steps",
-             f"{'method':<18}{'step ms':>9}{'dense ms':>10}{'measured':>10}{'projected':>11}"
-             f"{'proj. step ms':>15}{'KB/step':>9}"]
+    """The table; a run whose exchange is not timed (plain DDP, no hook) has no projection
+    of its own: it is the dense baseline by definition."""
+    lines = [f"shaped loopback at {bandwidth_mbps:g} Mbit/s; medians over the measured steps "
+             "of every round (rounds: the lowest and highest round median)",
+             f"{'method':<16}{'step ms':>9}{'rounds ms':>13}{'dense ms':>10}{'measured':>10}"
+             f"{'projected':>11}{'proj. step ms':>15}{'KB/step':>9}"]
     for r in rows:
-        lines.append(f"{r['method']:<18}{1e3 * r['step_s']:>9.1f}{1e3 * r['dense_step_s']:>10.1f}"
-                     f"{r['measured_speedup']:>9.2f}x{r['projected_speedup']:>10.2f}x"
-                     f"{1e3 * r['projected_step_s']:>15.1f}{r['wire_bytes'] / 1024:>9.1f}")
+        low, high = (1e3 * t for t in r["round_step_s"])
+        projected = f"{1e3 * r['projected_step_s']:>15.1f}" if r["comm_timed"] else f"{'-':>15}"
+        lines.append(f"{r['method']:<16}{1e3 * r['step_s']:>9.1f}{f'{low:.1f}-{high:.1f}':>13}"
+                     f"{1e3 * r['dense_step_s']:>10.1f}{r['measured_speedup']:>9.2f}x"
+                     f"{r['projected_speedup']:>10.2f}x{projected}"
+                     f"{r['wire_bytes'] / 1000:>9.1f}")
     return "\n".join(lines)
 
 
@@ -223,13 +234,16 @@ def benchmark(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         latency_us = calibrate_latency_us(namespace, int(cfg.world_size), out_dir)
         network = Network(float(cfg.bandwidth_mbps) / 1000, latency_us, shared=True)
         print(f"calibrated per-message latency: {latency_us:.0f} us", flush=True)
-        rows = []
-        for name, overrides in runs:
-            records = run_method(namespace, overrides, out_dir / name,
-                                 int(cfg.warmup_steps) + int(cfg.steps), network,
-                                 float(cfg.timeout_s))
-            rows.append(summarise(name, records, int(cfg.warmup_steps), network))
-            print(f"{name}: {1e3 * rows[-1]['step_s']:.1f} ms/step", flush=True)
+        measured: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _ in runs}
+        warmup, steps = int(cfg.warmup_steps), int(cfg.steps)
+        for round_ in range(int(cfg.rounds)):  # methods in turn, so load drifts hit all alike
+            for name, overrides in runs:
+                records = run_method(namespace, overrides, out_dir / f"{name}.{round_}",
+                                     warmup + steps, network, float(cfg.timeout_s))
+                measured[name].append(records[warmup:])
+                step_ms = 1e3 * statistics.median(r["step_s"] for r in records[warmup:])
+                print(f"round {round_ + 1}, {name}: {step_ms:.1f} ms/step", flush=True)
+        rows = [summarise(name, measured[name], network) for name, _ in runs]
     dense = rows[0]["step_s"]
     for row in rows:
         row["dense_step_s"] = dense

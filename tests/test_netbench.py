@@ -1,0 +1,91 @@
+"""The shaped-link benchmark: its plan and table, a real run in a private network namespace
+(root and iproute2 needed, skipped otherwise) and its refusal without the tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from gracecomm.experiments.netbench import NAMESPACE_PREFIX, format_table, plan
+from grace.validation import ConfigError
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "netbench.yaml"
+ROOT = os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "tc"))
+
+
+def config(**options):
+    cfg = OmegaConf.load(CONFIG)
+    cfg.pop("hydra")
+    return OmegaConf.merge(cfg, options)
+
+
+def namespaces() -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in listed.splitlines() if line.startswith(NAMESPACE_PREFIX)]
+
+
+def test_plan_puts_the_baseline_first_and_sync_variants_after_their_method():
+    names = [name for name, _ in plan(config(methods=["topk", "ddp", "torch_fp16"]))]
+    assert names == ["ddp", "topk", "topk_sync", "torch_fp16"]  # PyTorch's hooks: no sync twin
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"methods": ["ddp", "topkk"]}, r"methods \['topkk'\] have no preset"),
+    ({"rounds": 0}, "rounds"),
+    ({"bandwidth_mbps": 0}, "bandwidth_mbps"),
+    ({"world_size": 1}, "world_size"),
+])
+def test_bad_options_are_named(options, message):
+    with pytest.raises(ConfigError, match=message):
+        plan(config(**options))
+
+
+def test_a_run_without_its_own_exchange_timing_shows_no_projection():
+    row = {"method": "ddp", "step_s": 0.2, "round_step_s": [0.19, 0.21], "dense_step_s": 0.2,
+           "measured_speedup": 1.0, "projected_speedup": 1.0, "projected_step_s": 0.4,
+           "comm_timed": False, "wire_bytes": 1.0e6}
+    timed = {**row, "method": "topk", "comm_timed": True, "projected_step_s": 0.03}
+    table = format_table([row, timed], 100).splitlines()
+    assert table[2].split()[:3] == ["ddp", "200.0", "190.0-210.0"] and "400.0" not in table[2]
+    assert table[3].split()[6] == "30.0"
+
+
+def netbench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gracecomm.experiments.netbench", *args],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not ROOT, reason="needs root and iproute2 (ip, tc) for a network namespace")
+def test_a_shaped_run_prints_its_json_and_removes_its_namespace(tmp_path):
+    before = namespaces()
+    proc = netbench("bandwidth_mbps=200", "methods=[ddp,topk]", "also_sync=false", "steps=3",
+                    "warmup_steps=1", "rounds=2", "overrides=[]", "world_size=2",
+                    f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bandwidth_mbps"] == 200
+    assert [r["method"] for r in result["runs"]] == ["ddp", "topk"]
+    for run in result["runs"]:
+        assert {"step_s", "dense_step_s", "measured_speedup", "projected_speedup"} <= set(run)
+    assert result["runs"][0]["measured_speedup"] == 1.0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name[0] != ".") == [
+        "ddp.0", "ddp.1", "topk.0", "topk.1"]  # the methods ran in turn, twice
+    assert namespaces() == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root, the tools are what is missing")
+def test_without_iproute2_it_says_so_and_makes_no_namespace(tmp_path):
+    before = namespaces() if ROOT else []
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # python, but no ip or tc
+    proc = netbench(f"hydra.run.dir={tmp_path}", env=env)
+    assert proc.returncode == 2 and "iproute2" in proc.stderr, proc.stderr[-2000:]
+    if ROOT:
+        assert namespaces() == before
