@@ -82,8 +82,9 @@ def remove_stale_namespaces() -> None:
 @contextlib.contextmanager
 def shaped_namespace(bandwidth_mbps: float, latency_ms: float) -> Iterator[str]:
     """A network namespace whose loopback carries at most `bandwidth_mbps` in all (a token
-    bucket of ~20 ms of line rate, at least one 64 KiB loopback packet), delayed by
-    `latency_ms` per packet; removed on exit, whatever the exit."""
+    bucket of 2 ms of line rate, at least one 64 KiB loopback packet: a larger bucket, which
+    refills while the ranks compute, let a whole step's traffic through at once at 1 Gbit/s),
+    delayed by `latency_ms` per packet; removed on exit, whatever the exit."""
     check_tools()
     remove_stale_namespaces()
     name = f"{NAMESPACE_PREFIX}{os.getpid()}"
@@ -91,7 +92,7 @@ def shaped_namespace(bandwidth_mbps: float, latency_ms: float) -> Iterator[str]:
     try:
         ns = ("ip", "netns", "exec", name)
         _run(*ns, "ip", "link", "set", "lo", "up")
-        burst = max(65536 + 1514, int(bandwidth_mbps * 1e6 / 8 * 0.02))
+        burst = max(65536 + 1514, int(bandwidth_mbps * 1e6 / 8 * 0.002))
         _run(*ns, "tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "tbf",
              "rate", f"{bandwidth_mbps}mbit", "burst", str(burst), "latency", "200ms")
         if latency_ms > 0:

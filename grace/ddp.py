@@ -10,7 +10,9 @@ For each gradient bucket the hook compresses every parameter's gradient separate
 k, its own statistics, its own residual keyed by the parameter name) on the backward thread,
 launches the bucket's first collective and returns a future, as PyTorch's own hooks do; the
 later rounds and the decompression run on the communicator's worker (`grace.exchange`), so a
-bucket's communication overlaps with the backward pass of the next buckets.
+bucket's communication overlaps with the backward pass of the next buckets. A model of one
+bucket has nothing to overlap with: its exchange runs on the backward thread (a hand-over
+to the worker cost 1-3 ms per step on a 2-core machine, `gracecomm-netbench`).
 
 What the parts need from the exchange (`grace.needs`) is honoured here: a part that applies
 the momentum itself gets its weight decay added before compression and is refused an
@@ -175,7 +177,8 @@ class GradientExchange:
             return buffer
 
         result = exchange.future.then(write_back)
-        if self.asynchronous:
+        alone = last and bucket.index() == 0  # a step's only bucket: nothing to overlap with
+        if self.asynchronous and not alone:
             exchange.submit()
             if last and exchange.submitted:
                 self.tail.mark("returned", time.perf_counter())
