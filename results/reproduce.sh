@@ -12,7 +12,7 @@ OUT=multirun/results
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
   sparse_model every_method bench_sidco bench_fig10 natural_table1 variance grace_reference \
-  powersgd_vs_torch long_run)
+  powersgd_vs_torch long_run netbench)
 
 train_into() {  # train_into DIR [overrides...]: a multirun into an emptied $OUT/DIR
   local dir=$1; shift
@@ -84,6 +84,14 @@ for step in "${steps[@]}"; do
       train_into long_run compressor=none,topk,dgc,sidco,powersgd,deepreduce trainer.epochs=130
       mkdir -p results/long_run && cp "$OUT/long_run"/report.{md,csv} results/long_run/
       python results/long_run.py "$OUT/long_run" | tee results/long_run/memory.md ;;
+    netbench)  # needs root and iproute2: a shaped loopback in a private network namespace
+      mkdir -p results/netbench
+      gracecomm-netbench hydra.run.dir=outputs/results/netbench_100 | tee results/netbench/100mbit.txt
+      gracecomm-netbench bandwidth_mbps=1000 hydra.run.dir=outputs/results/netbench_1000 \
+        | tee results/netbench/1000mbit.txt
+      gracecomm-netbench rounds=2 'methods=[ddp,none,fp16,topk,torch_fp16]' \
+        'overrides=["model=resnet20","data=prototypes","trainer.bucket_cap_mb=0.25"]' \
+        hydra.run.dir=outputs/results/netbench_buckets | tee results/netbench/buckets.txt ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;
   esac
   stamp "$step"
