@@ -30,12 +30,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from grace.validation import MissingDependency, PayloadError, check_choice, check_range
+from grace.validation import (MissingDependency, PayloadError, check_choice, check_range,
+                             numba_available, require_numba)
 from grace.wire import pack_bits, packed_nbytes, unpack_bits
 from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, CodecCtx, IndexCodec, Selection,
                                           check_index_set, flat_nonzero, pack_fields,
                                           unpack_fields)
-from gracecomm.compressors.deepreduce.policies import P2_MODES, POLICIES, mix, numba_available, select
+from gracecomm.compressors.deepreduce.policies import P2_MODES, POLICIES, mix, select
 
 
 def bloom_size(r: int, fpr: float) -> tuple[int, int]:
@@ -279,9 +280,8 @@ class BloomIndex(IndexCodec):
         backend = check_choice(backend, self.BACKENDS, self.label, "backend")
         kernel = check_choice(kernel, ("auto", "numba", "python"), self.label, "kernel")
         self.compiled = kernel == "numba" or (kernel == "auto" and numba_available())
-        if kernel == "numba" and not numba_available():
-            raise MissingDependency(f"{self.label}: kernel 'numba' needs numba: pip install "
-                                    "'numba>=0.59', or set kernel: python")
+        if kernel == "numba":
+            require_numba(f"{self.label}: kernel 'numba'", "kernel: python")
         self.reseed_every_step = bool(reseed_every_step)
         self.table_slices = check_range(table_slices, self.label, "table_slices", 0,
                                         integer=True)

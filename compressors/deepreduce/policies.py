@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grace.validation import MissingDependency
+from grace.validation import require_numba
 
 MASK32 = 0xFFFFFFFF
 POLICIES = ("naive", "p0", "leftmost", "middle", "rightmost", "p1", "p2")
@@ -169,11 +169,9 @@ _JITTED: dict[Callable[..., Any], Callable[..., Any]] = {}
 def jit(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` compiled by numba (once per process; cached on disk)."""
     if fn not in _JITTED:
-        try:
-            import numba
-        except ImportError:
-            raise MissingDependency("the compiled P2 kernel needs numba: pip install "
-                                    "'numba>=0.59', or set kernel: python") from None
+        require_numba("the compiled P2 kernel", "kernel: python")
+        import numba
+
         _JITTED[fn] = numba.njit(cache=True, nogil=True)(fn)
     return _JITTED[fn]
 
@@ -189,14 +187,6 @@ def p2_kernel(compiled: bool) -> Callable[[np.ndarray, np.ndarray, int, str], np
         return kernel(*sets(positions, rank), r)
 
     return p2
-
-
-def numba_available() -> bool:
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def conflict_selection(positions: torch.Tensor, rank: torch.Tensor, r: int, mode: str,
