@@ -123,7 +123,7 @@ class LGC(Compressor):
         self.ae_device = torch.device("cpu")
         self._plan: Plan | None = None
 
-    # -- ranks -------------------------------------------------------------------------------------
+    # -- ranks ------------------------------------------------------------------------------
     @property
     def rank(self) -> int:
         return self.comm.rank if self.comm is not None else 0
@@ -132,7 +132,7 @@ class LGC(Compressor):
     def world_size(self) -> int:
         return self.comm.world_size if self.comm is not None else 1
 
-    # -- phases (Sec. VI-A, Table V) ---------------------------------------------------------------
+    # -- phases (Sec. VI-A, Table V) ----------------------------------------------------------
     def phase_at(self, step: int) -> int:
         """1 (dense warm-up), 2 (top-k + autoencoder training) or 3 (compressed)."""
         if step < self.warmup_iters:
@@ -144,7 +144,7 @@ class LGC(Compressor):
         """The phase of the next step."""
         return self.phase_at(self.step)
 
-    # -- the pipeline's entry points ---------------------------------------------------------------
+    # -- the pipeline's entry points ------------------------------------------------------------
     def plan(self, named: Sequence[tuple[str, torch.Tensor]]) -> Plan:
         """The partition and sizes for these tensors (rebuilt when they change)."""
         names = tuple(name for name, _ in named)
@@ -206,7 +206,7 @@ class LGC(Compressor):
     def decode(self, payload: Payload, ctx: LGCCtx) -> torch.Tensor:
         """The flat model vector of a joint payload."""
 
-    # -- the leader's selection (Sec. V-A, Fig. 7) -------------------------------------------------
+    # -- the leader's selection (Sec. V-A, Fig. 7) ----------------------------------------------
     def leader_indices(self, plan: Plan, tensors: Sequence[torch.Tensor],
                        leader: int) -> tuple[list[torch.Tensor], int]:
         """The leader's per-layer top-k indices and the length of their DEFLATE stream, which
@@ -232,7 +232,7 @@ class LGC(Compressor):
         except PayloadError as err:
             raise PayloadError(f"index stream from the leader, rank {leader}: {err}") from None
 
-    # -- autoencoder (Sec. IV-C) -------------------------------------------------------------------
+    # -- autoencoder (Sec. IV-C) ----------------------------------------------------------------
     def decoder_count(self) -> int:
         return 1
 
@@ -309,7 +309,7 @@ class LGC(Compressor):
                                      f"holds NaN or Inf at step {self.step}")
         return x
 
-    # -- accounting (Sec. VI, Table IV) ------------------------------------------------------------
+    # -- accounting (Sec. VI, Table IV) ----------------------------------------------------------
     def log_parts(self, parts: Sequence[str], payload: Payload) -> None:
         """Bytes of each payload tensor under ``lgc_<part>_bytes`` (dense, latent, values,
         innovation, index, scalars); together with the bytes of the compressor's own
@@ -330,7 +330,7 @@ class LGC(Compressor):
         self.metrics.add("lgc_topk_deflate_nbytes", values + index_bytes)
         self.metrics.add("lgc_topk_int32_nbytes", values + 4 * (plan.mu + plan.kappa))
 
-    # -- checkpoint --------------------------------------------------------------------------------
+    # -- checkpoint ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"step": self.step, "synced": self.synced,
                                  "ae_skipped": self.ae_skipped}

@@ -97,7 +97,7 @@ class Plan:
         return cls(names, tuple(torch.Size(s) for s in shapes), tuple(sorted(first)), middle,
                    tuple(sorted(last)), k, m)
 
-    # -- sizes (Sec. V-A) --------------------------------------------------------------------------
+    # -- sizes (Sec. V-A) -------------------------------------------------------------------
     @property
     def sparse(self) -> tuple[int, ...]:
         """Positions of M then Lambda: the layers that are top-k sparsified."""
@@ -123,7 +123,7 @@ class Plan:
     def nu(self) -> int:
         return sum(self.m)
 
-    # -- selection ---------------------------------------------------------------------------------
+    # -- selection --------------------------------------------------------------------------
     def topk(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Exact per-layer top-k of |a_l| on M and Lambda, indices ascending (int64)."""
         return [torch.topk(tensors[i].reshape(-1).abs(), k, sorted=False).indices.sort().values
@@ -167,7 +167,7 @@ class Plan:
                 out[i] = ((flat[idx], idx.to(torch.int32)), TensorInfo.of(tensors[i]))
         return out
 
-    # -- innovation (Algorithm 1) ------------------------------------------------------------------
+    # -- innovation (Algorithm 1) -------------------------------------------------------------
     def innovation(self, topk_vector: torch.Tensor) -> torch.Tensor:
         """Positions in [0, mu), ascending, of the m_l largest |values| of each M layer's
         k_l entries of the top-k vector."""
@@ -181,7 +181,7 @@ class Plan:
         m = torch.tensor(self.m, dtype=torch.int64, device=counts.device)
         return order[rank < m[layer[order]]].sort().values
 
-    # -- index streams (Sec. V-A, DEFLATE) ---------------------------------------------------------
+    # -- index streams (Sec. V-A, DEFLATE) --------------------------------------------------
     def encode_indices(self, indices: Sequence[torch.Tensor], delta: bool,
                        level: int) -> torch.Tensor:
         """Idx(I): the M and Lambda selections as a DEFLATE stream."""
