@@ -2,11 +2,11 @@
 
 Sizing follows the reference library pybloom-live: k = ceil(log2(1/eps)) hash functions,
 slice width w = ceil(r ln(1/eps) / (k (ln 2)^2)) and m = k w bits, hash i writing only into
-slice i. Hashing uses the `mix` function of spec Sec. 5 with int64 torch ops, so every rank
-and device agrees. With seed sigma the bit of x in slice i is i w + mix(x ^ s_i) mod w, with
-salts s_i = mix(mix(sigma) + i + 1): k independent hashes, as in pybloom-live [L]. (The
-spec's double hashing (h1 + i h2) mod w degenerates for small slices: with w = 2, i.e. r = 1,
-every slice bit follows the parity of h1 and the measured false-positive rate is 0.5 instead
+slice i. Hashing uses `policies.mix` (this library's fixed 32-bit hash) with int64 torch ops,
+so every rank and device agrees. With seed sigma the bit of x in slice i is
+i w + mix(x ^ s_i) mod w, with salts s_i = mix(mix(sigma) + i + 1): k independent hashes, as
+in pybloom-live. (Double hashing (h1 + i h2) mod w degenerates for small slices: with w = 2,
+i.e. r = 1, every slice bit follows the parity of h1 and the measured false-positive rate is 0.5 instead
 of 0.001; it stays several times above Lemma 2 up to r ~ 100.)
 
 Decoding queries all d positions slice by slice, each slice testing only the survivors of

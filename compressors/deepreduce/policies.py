@@ -6,7 +6,7 @@ positives P of a Bloom filter (true and false, ascending) into a selection of in
 - ``p0``: all of P (no error; the sender sends |P| values).
 - ``leftmost``, ``middle``, ``rightmost``: the first, middle or last r of P.
 - ``p1``: the r members of P with the smallest shared-seed priority (random policy).
-- ``p2``: conflict sets, paper Algorithm 1 made deterministic (spec Sec. 5).
+- ``p2``: conflict sets, paper Algorithm 1 (Sec. 4) made deterministic.
 
 Priorities rho(x) = mix(x xor mix(sigma_step)) are identical on every rank; ties go by index.
 """
@@ -27,8 +27,8 @@ P2_MODES = ("round_robin", "cover")
 
 
 def mix(x: Any) -> Any:
-    """The normative 32-bit integer hash of spec Sec. 5 (works on Python ints and int64
-    tensors alike; every product stays below 2**63)."""
+    """This library's fixed 32-bit integer hash, the same on every rank (works on Python ints
+    and int64 tensors alike; every product stays below 2**63)."""
     x = x & MASK32
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & MASK32
