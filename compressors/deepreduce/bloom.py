@@ -6,8 +6,8 @@ slice i. Hashing uses `policies.mix` (this library's fixed 32-bit hash) with int
 so every rank and device agrees. With seed sigma the bit of x in slice i is
 i w + mix(x ^ s_i) mod w, with salts s_i = mix(mix(sigma) + i + 1): k independent hashes, as
 in pybloom-live. (Double hashing (h1 + i h2) mod w degenerates for small slices: with w = 2,
-i.e. r = 1, every slice bit follows the parity of h1 and the measured false-positive rate is 0.5 instead
-of 0.001; it stays several times above Lemma 2 up to r ~ 100.)
+i.e. r = 1, every slice bit follows the parity of h1 and the measured false-positive rate is
+0.5 instead of 0.001; it stays several times above Lemma 2 up to r ~ 100.)
 
 Decoding queries all d positions slice by slice, each slice testing only the survivors of
 the previous ones (about half pass each slice). On the CPU (option ``kernel``, numba) insert,
