@@ -1,5 +1,5 @@
 """Deep Gradient Compression's sparsifier (Lin et al., "Deep Gradient Compression", ICLR 2018,
-Sec. 3 and App.; sparsifier spec Sec. 3.1): the threshold is the k-th largest magnitude of a
+Sec. 3 and App.): the threshold is the k-th largest magnitude of a
 small random sample, and when that selects too many elements a second, small top-k re-selects
 exactly k among them (hierarchical selection).
 
@@ -106,7 +106,7 @@ class DGC(ThresholdSparsifier):
 
 @COMPRESSORS.register("dgc_reference")
 class DGCReference(DGC):
-    """DGC as its reference implementation runs it (spec 3.1 preset ``dgc_reference``):
+    """DGC as its reference implementation runs it (this library's preset ``dgc_reference``):
     strided sampling, re-selection above 1.3 k, up to 10 relaxations by 0.8 while fewer than
     0.8 k are selected, and the 4-epoch density warm-up."""
 

@@ -1,5 +1,5 @@
 """GaussianKSGD's threshold (Shi et al., "Understanding Top-k sparsification in distributed
-deep learning", 2019), the baseline of the SIDCo paper (sparsifier spec Sec. 5): the
+deep learning", 2019), a baseline of the SIDCo paper (MLSys 2021, Secs. 1.2 and 4): the
 threshold of a Gaussian fitted to the signed gradient, then a few multiplicative corrections.
 
     thr = mu + sigma Phi^-1(1 - ratio/2)      (signed mean and standard deviation of g)

@@ -1,7 +1,7 @@
 """RedSync's threshold search (Fang et al., "RedSync: Reducing synchronization bandwidth for
-distributed deep learning training system", JPDC 2019), the baseline of the SIDCo paper
-(sparsifier spec Sec. 5): a coarse binary search for a threshold between the mean and the
-maximum magnitude.
+distributed deep learning training system", JPDC 2019), a baseline of the SIDCo paper
+(Abdelmoniem et al., MLSys 2021, Secs. 1.2 and 4): a coarse binary search for a threshold
+between the mean and the maximum magnitude.
 
     mu = mean|g|, mx = max|g|, lo, hi = 0, 1
     while hi - lo > 0.2:                     # at most three probes

@@ -1,6 +1,7 @@
 """SIDCo: sparsification by fitting a sparsity-inducing distribution to |g| (Abdelmoniem et
 al., "An Efficient Statistical-based Gradient Compression Technique for Distributed Training
-Systems", MLSys 2021), as resolved by the sparsifier spec, Sec. 4.
+Systems", MLSys 2021, Secs. 2-3), with this library's choices where the paper leaves gaps
+(stage adaptation on heavy tails, guards for degenerate input).
 
 The threshold for density rho is the (1 - rho) quantile of the fitted model of |g|:
 
@@ -9,14 +10,15 @@ The threshold for density rho is the (1 - rho) quantile of the fitted model of |
   it is valid (alpha <= 1 and x >= 1), else the exact quantile;
 - generalized Pareto (GP), Eqs. (32)-(35): moment estimates, t = (beta/alpha) expm1(-alpha ln rho).
 
-Multi-stage peaks-over-threshold (Sec. 2.3, spec 4.2): stage 1 fits all nonzero magnitudes at
-density delta_1 = 0.25; each later stage refits only the exceedances of the previous threshold,
-shifted by it: eta_m = eta_{m-1} + t(E - eta_{m-1}, rho_m). The number of stages M adapts
-every Q steps (Algorithm 1, with the bidirectional rule of spec 4.3); with ``stages: auto`` the
-first call chooses M from the data: the M whose threshold, fitted and counted on a sample of
-the tensor, keeps closest to k (Algorithm 1 alone starts from one stage and needs several
-windows of Q steps on heavy tails). The guards G1-G7 of spec 4.4 handle zeros, tiny tensors
-and degenerate fits.
+Multi-stage peaks-over-threshold (Sec. 2.4, Eqs. (7) and (10)): stage 1 fits all nonzero
+magnitudes at density delta_1 = 0.25; each later stage refits only the exceedances of the
+previous threshold, shifted by it: eta_m = eta_{m-1} + t(E - eta_{m-1}, rho_m). The number of
+stages M adapts every Q steps (Algorithm 1; by default with this library's bidirectional rule,
+`StageAdapter`, because the paper's direction is wrong for heavy tails); with ``stages: auto``
+the first call chooses M from the data: the M whose threshold, fitted and counted on a sample
+of the tensor, keeps closest to k (Algorithm 1 alone starts from one stage and needs several
+windows of Q steps on heavy tails). This library's guards G1-G7 (marked in the code) handle
+zeros, tiny tensors and degenerate fits.
 """
 
 from __future__ import annotations
@@ -111,13 +113,15 @@ def log_magnitude_sum(x: torch.Tensor) -> float:
 
 
 def stage_bound(ratio: float, first_stage_ratio: float) -> int:
-    """M_max = ceil(log2(1/delta)), 1 when delta >= delta_1 (spec 4.2)."""
+    """M_max = ceil(log2(1/delta)), 1 when delta >= delta_1 (this library's bound on the
+    stages of Sec. 2.4)."""
     return 1 if ratio >= first_stage_ratio else max(1, math.ceil(math.log2(1.0 / ratio)))
 
 
 # -- stage adaptation ------------------------------------------------------------------------
 class StageAdapter:
-    """Adapts the number of stages M from the windowed mean of k_hat / k (spec 4.3).
+    """Adapts the number of stages M from the windowed mean of k_hat / k (Sec. 3,
+    Algorithm 1).
 
     ``paper``: every Q samples, M - 1 if r > 1 + eps, M + 1 if r < 1 - eps (Algorithm 1).
     ``bidirectional``: the first move follows the paper's guess, later moves keep their
@@ -218,7 +222,7 @@ class SIDCo(ThresholdSparsifier):
     """SIDCo-E (``variant: sidco_e``), gamma -> GP (``sidco_gamma_gp``) and multi-stage GP
     (``sidco_gp``) threshold sparsification; see the module docstring and docs/sparsifiers.md.
 
-    Options beyond the spec's names: ``stages`` is the initial (with ``adapt.rule: off`` the
+    Options beyond the paper's parameters: ``stages`` is the initial (with ``adapt.rule: off`` the
     fixed) number of stages, or ``auto`` (`data_stages` on each tensor's first call and after
     a change of density); ``gamma_newton`` the Newton steps refining the gamma shape;
     ``exclude_zeros`` (G4) fits the nonzeros only (always for gamma); ``min_numel`` sends

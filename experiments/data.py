@@ -53,8 +53,8 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> DataBundle:
 def prototypes(num_classes: int = 10, channels: int = 3, size: int = 16, train_size: int = 4096,
                test_size: int = 1024, noise: float = 1.5, seed: int = 0) -> DataBundle:
     """Seeded synthetic images: each example is its class prototype (standard normal, one
-    per class) plus `noise` times standard normal noise (the LGC specification's training
-    data set; dense training exceeds 90% accuracy on it). Stands in for CIFAR-sized inputs
+    per class) plus `noise` times standard normal noise (this library's training data for
+    LGC's checks; dense training exceeds 90% accuracy on it). Stands in for CIFAR-sized inputs
     without a download."""
     gen = torch.Generator().manual_seed(seed)
     protos = torch.randn(num_classes, channels, size, size, generator=gen)

@@ -10,10 +10,11 @@ Every run directory below the given paths with a ``metrics.jsonl`` is read. Runs
 phases (dense, Top-k, DGC) form one row each. The one-time autoencoder transfer
 (``ae_sync_bytes``) is left out of the per-step means and reported on its own.
 
-Two bases (LGC spec Sec. 8). *Total bytes*, indices included: ``cr_total`` = dense bytes /
-bytes sent, and the ratio to plain Top-k on LGC's own partition (F dense, the same top-k
-values) at the same steps, with its indices DEFLATE-coded as LGC codes them or as int32
-(``lgc_topk_deflate_nbytes``, ``lgc_topk_int32_nbytes``, logged by the compressor).
+Two bases (the paper's, Sec. VI and Tables IV and VI, is the second). *Total bytes*, indices
+included: ``cr_total`` = dense bytes / bytes sent, and the ratio to plain Top-k on LGC's own
+partition (F dense, the same top-k values) at the same steps, with its indices DEFLATE-coded as
+LGC codes them or as int32 (``lgc_topk_deflate_nbytes``, ``lgc_topk_int32_nbytes``, logged by
+the compressor).
 *Values only*, the paper's basis: ``cr_values`` = n / values sent (latent, innovation and
 top-k values; neither indices nor the dense first layer), so that plain Top-k is 1/alpha, as
 the paper's Sparse GD and DGC rows are.

@@ -108,9 +108,9 @@ class ResNet20(nn.Module):
 
 
 class ReferenceCNN(nn.Module):
-    """The LGC specification's reference network (spec Sec. 11): 3x3 convolutions 3->32 and
-    32->64, max-pool, 3x3 convolutions 64->128 and 128->128, global average pooling and a
-    128->10 linear layer; 242,122 parameters, 896 in the first layer."""
+    """This library's small reference network for LGC's tests and experiment: 3x3
+    convolutions 3->32 and 32->64, max-pool, 3x3 convolutions 64->128 and 128->128, global
+    average pooling and a 128->10 linear layer; 242,122 parameters, 896 in the first layer."""
 
     task: ClassVar[str] = "classification"
 

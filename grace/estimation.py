@@ -1,5 +1,6 @@
 """Base of the sparsifiers that estimate a threshold instead of sorting (DGC, SIDCo,
-RedSync, GaussianKSGD; sparsifier spec Secs. 3-6).
+RedSync, GaussianKSGD: the threshold estimators compared by Abdelmoniem et al., MLSys 2021,
+Secs. 1.2 and 4).
 
 What they share:
 

@@ -38,14 +38,13 @@ Both give the same counts and indices; the sums agree to float64 rounding.
 from __future__ import annotations
 
 import functools
-import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from grace.validation import MissingDependency
+from grace.validation import check_choice, numba_available, require_numba
 
 BACKENDS = ("auto", "torch", "numba")
 NUMBA_MIN_NUMEL = 1 << 17
@@ -85,19 +84,11 @@ class Moments:
         return bool(np.isfinite(self.s1) and np.isfinite(self.s2))
 
 
-@functools.cache
-def numba_installed() -> bool:
-    return importlib.util.find_spec("numba") is not None
-
-
 def check_backend(backend: str, owner: str) -> str:
     """Validate the option (``numba`` needs numba installed)."""
-    from grace.validation import check_choice
-
     check_choice(backend, BACKENDS, owner, "backend")
-    if backend == "numba" and not numba_installed():
-        raise MissingDependency(f"{owner}: option backend='numba' needs numba; install it "
-                                "with `pip install 'numba>=0.59'` or use backend=auto/torch")
+    if backend == "numba":
+        require_numba(f"{owner}: option backend='numba'", "backend=auto/torch")
     return backend
 
 
@@ -106,7 +97,7 @@ def use_numba(backend: str, x: torch.Tensor) -> bool:
         return False
     if backend == "numba":
         return True
-    return x.numel() >= NUMBA_MIN_NUMEL and numba_installed()
+    return x.numel() >= NUMBA_MIN_NUMEL and numba_available()
 
 
 def working(flat: torch.Tensor) -> torch.Tensor:
@@ -226,7 +217,7 @@ def use_numba_top_k(backend: str, x: torch.Tensor) -> bool:
     """`top_k` runs the numba kernels on CPU tensors of any size (one serial call below
     `CHUNK` elements)."""
     return backend != "torch" and x.device.type == "cpu" and (
-        backend == "numba" or numba_installed())
+        backend == "numba" or numba_available())
 
 
 def sample_size(k: int, d: int) -> int:
@@ -279,9 +270,7 @@ def _keep(keys: torch.Tensor, k: int) -> torch.Tensor:
 @functools.cache
 def _kernels() -> Any:
     """The numba CPU kernels (compiled on first use, then loaded from numba's cache)."""
-    try:
-        from grace import _exceedance_numba
-    except ImportError as err:  # pragma: no cover - guarded by use_numba/check_backend
-        raise MissingDependency("the numba backend needs numba: "
-                                "pip install 'numba>=0.59'") from err
+    require_numba("the numba backend", "backend=torch")
+    from grace import _exceedance_numba
+
     return _exceedance_numba

@@ -8,6 +8,7 @@ Register with a decorator, create by name, list what exists::
 
     create("compressor", "topk", ratio=0.01)
     available("compressor")  # ['fp16', 'none', 'randomk', 'threshold', 'topk', ...]
+    available("compressor", verbose=True)  # {..., 'topk': 'gracecomm.compressors.topk'}
 
 A typo in a name raises `UnknownNameError` with the valid names; an option the class's
 constructor does not take raises `ConfigError` with the options it does take.
@@ -24,7 +25,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from grace.validation import ConfigError
 
@@ -79,10 +80,18 @@ class Registry:
             if isinstance(obj, type):
                 self.register(ep.name)(obj)
 
-    def available(self) -> list[str]:
-        """Sorted names of every registered class."""
+    @overload
+    def available(self, verbose: Literal[False] = False) -> list[str]: ...
+
+    @overload
+    def available(self, verbose: Literal[True]) -> dict[str, str]: ...
+
+    def available(self, verbose: bool = False) -> list[str] | dict[str, str]:
+        """Sorted names of every registered class; with `verbose`, name -> the module that
+        defines the class (where to read the method)."""
         self._load()
-        return sorted(self._classes)
+        names = sorted(self._classes)
+        return {n: self._classes[n].__module__ for n in names} if verbose else names
 
     def get(self, name: str) -> type:
         """The class registered under `name`; a typo raises with the valid names."""
@@ -165,9 +174,18 @@ def _registry(kind: str) -> Registry:
     return REGISTRIES[kind]
 
 
-def available(kind: str) -> list[str]:
-    """Names registered in the family `kind` ('compressor', 'memory', 'communicator', ...)."""
-    return _registry(kind).available()
+@overload
+def available(kind: str, verbose: Literal[False] = False) -> list[str]: ...
+
+
+@overload
+def available(kind: str, verbose: Literal[True]) -> dict[str, str]: ...
+
+
+def available(kind: str, verbose: bool = False) -> list[str] | dict[str, str]:
+    """Names registered in the family `kind` ('compressor', 'memory', 'communicator', ...);
+    with `verbose`, name -> the module its class lives in (``'gracecomm.compressors.topk'``)."""
+    return _registry(kind).available(verbose)
 
 
 def get(kind: str, name: str) -> type:

@@ -1,5 +1,6 @@
-"""Warm-up schedule of the fraction of elements kept (DGC, Lin et al. 2018, Sec. 3.4;
-sparsifier spec Sec. 3.3), usable by any compressor with a ``ratio``.
+"""Warm-up schedule of the fraction of elements kept (DGC, Lin et al. 2018, Sec. 3.4; its
+four-epoch schedule, generalised here to any target and length), usable by any compressor
+with a ``ratio``.
 
 During the first W epochs the density falls geometrically to its target:
 delta_e = max(delta, c^(e+1)) with c = delta^(1/(W+1)) for the 0-based epoch e < W, and

@@ -23,7 +23,6 @@ combine two keys.
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 import torch
 
 from grace.rng import SharedStreams, stable_hash
-from grace.validation import ConfigError, check_choice
+from grace.validation import ConfigError, check_choice, numba_available
 
 RNGS = ("counter", "torch")
 MASK32 = 0xFFFFFFFF
@@ -56,15 +55,6 @@ class RandomStreams(SharedStreams):
     def next_key(self, name: str, rank: int) -> int:
         """The 63-bit key of the next call with `name` on `rank`."""
         return stable_hash(self.next_seed(name), "rank", rank)
-
-
-@functools.cache
-def numba_available() -> bool:
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 # GRACECOMM_KERNELS=0 forces the torch code paths (they give the same bits as the kernels).

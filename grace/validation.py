@@ -4,6 +4,7 @@ and what is allowed."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -32,6 +33,25 @@ class NonFiniteError(FloatingPointError):
 class MissingDependency(ImportError):
     """An optional package (torchvision, cupy, numba, ...) needed by the chosen option is not
     installed; the message says what to install."""
+
+
+@functools.cache
+def numba_available() -> bool:
+    """Whether numba imports: the one probe behind every CPU kernel. numba is a regular
+    dependency; on a platform without it the torch code paths run instead."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require_numba(owner: str, instead: str) -> None:
+    """Raise `MissingDependency` when numba is missing: `owner` names the option that asked
+    for it, `instead` the choice that works without it."""
+    if not numba_available():
+        raise MissingDependency(f"{owner} needs numba; install it with "
+                                f"`pip install 'numba>=0.59'` or use {instead}")
 
 
 def check_ratio(ratio: Any, owner: str, option: str = "ratio") -> float:

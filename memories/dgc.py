@@ -1,5 +1,5 @@
-"""Deep Gradient Compression's memory (Lin et al., ICLR 2018, Sec. 3.2-3.3; sparsifier spec
-Sec. 3.2): momentum correction, momentum factor masking and local gradient clipping.
+"""Deep Gradient Compression's memory (Lin et al., ICLR 2018, Secs. 3.2-3.3): momentum
+correction, momentum factor masking and local gradient clipping.
 
     compensate(g):  g = g min(1, c / (||g|| + 1e-6)),  c = clip_norm N^(-1/2)   (if clipping)
                     u = m u + g                    (momentum correction)

@@ -8,8 +8,9 @@ import warnings
 import pytest
 import torch
 
+from grace.validation import numba_available
 from gracecomm.compressors.deepreduce import BloomIndex, CodecCtx, DeepReduce
-from gracecomm.compressors.deepreduce.policies import POLICIES, numba_available
+from gracecomm.compressors.deepreduce.policies import POLICIES
 from gracecomm.compressors.topk import TopK
 
 pytestmark = pytest.mark.skipif(not numba_available(), reason="numba not installed")

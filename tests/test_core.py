@@ -1,5 +1,6 @@
 """Single-process tests of the core compressors, memories and the pipeline."""
 
+import importlib
 import math
 
 import pytest
@@ -202,3 +203,15 @@ def test_registry_create_and_available():
     assert grace.create("compressor", "topk", ratio=0.5).ratio == 0.5
     with pytest.raises(registry.UnknownNameError, match="unknown registry"):
         grace.available("codec")
+
+
+@pytest.mark.parametrize("kind", ["compressor", "memory", "communicator", "index_codec"])
+def test_available_verbose_names_the_defining_module(kind):
+    index = grace.available(kind, verbose=True)
+    assert list(index) == grace.available(kind)
+    for name, module in index.items():
+        cls = registry.get(kind, name)
+        assert getattr(importlib.import_module(module), cls.__name__) is cls, name
+    if kind == "compressor":
+        assert index["topk"] == "gracecomm.compressors.topk"
+        assert index["lgc_rar"] == "gracecomm.compressors.lgc.rar"

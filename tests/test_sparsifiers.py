@@ -14,7 +14,7 @@ from grace import exceedance
 from grace.metrics import Metrics
 from grace.needs import Need
 from grace.schedule import RatioSchedule
-from grace.validation import ConfigError, NonFiniteError
+from grace.validation import ConfigError, NonFiniteError, numba_available
 from gracecomm.compressors.dgc import DGC
 from gracecomm.compressors.gaussiank import GaussianK
 from gracecomm.compressors.redsync import RedSync
@@ -324,7 +324,7 @@ def test_bad_options_and_all_zero_tensors(cls):
 
 
 # -- backends -------------------------------------------------------------------------------
-@pytest.mark.skipif(not exceedance.numba_installed(), reason="numba not installed")
+@pytest.mark.skipif(not numba_available(), reason="numba not installed")
 def test_numba_and_torch_backends_agree():
     x = draw("t3", 300_000, 7)
     x[::7] = 0

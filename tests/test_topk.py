@@ -11,13 +11,14 @@ from hypothesis import strategies as st
 
 from grace import exceedance
 from grace.metrics import Metrics
+from grace.validation import numba_available
 from gracecomm.compressors.dgc import DGC
 from gracecomm.compressors.sidco import SIDCo
 from gracecomm.compressors.threshold import Threshold
 from gracecomm.compressors.topk import TopK
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-BACKENDS = ["torch"] + (["numba"] if exceedance.numba_installed() else [])
+BACKENDS = ["torch"] + (["numba"] if numba_available() else [])
 KINDS = ["normal", "ties", "allequal", "zeros", "nonfinite", "denormal", "huge"]
 
 

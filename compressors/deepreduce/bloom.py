@@ -2,12 +2,12 @@
 
 Sizing follows the reference library pybloom-live: k = ceil(log2(1/eps)) hash functions,
 slice width w = ceil(r ln(1/eps) / (k (ln 2)^2)) and m = k w bits, hash i writing only into
-slice i. Hashing uses the `mix` function of spec Sec. 5 with int64 torch ops, so every rank
-and device agrees. With seed sigma the bit of x in slice i is i w + mix(x ^ s_i) mod w, with
-salts s_i = mix(mix(sigma) + i + 1): k independent hashes, as in pybloom-live [L]. (The
-spec's double hashing (h1 + i h2) mod w degenerates for small slices: with w = 2, i.e. r = 1,
-every slice bit follows the parity of h1 and the measured false-positive rate is 0.5 instead
-of 0.001; it stays several times above Lemma 2 up to r ~ 100.)
+slice i. Hashing uses `policies.mix` (this library's fixed 32-bit hash) with int64 torch ops,
+so every rank and device agrees. With seed sigma the bit of x in slice i is
+i w + mix(x ^ s_i) mod w, with salts s_i = mix(mix(sigma) + i + 1): k independent hashes, as
+in pybloom-live. (Double hashing (h1 + i h2) mod w degenerates for small slices: with w = 2,
+i.e. r = 1, every slice bit follows the parity of h1 and the measured false-positive rate is
+0.5 instead of 0.001; it stays several times above Lemma 2 up to r ~ 100.)
 
 Decoding queries all d positions slice by slice, each slice testing only the survivors of
 the previous ones (about half pass each slice). On the CPU (option ``kernel``, numba) insert,
@@ -30,12 +30,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from grace.validation import MissingDependency, PayloadError, check_choice, check_range
+from grace.validation import (MissingDependency, PayloadError, check_choice, check_range,
+                             numba_available, require_numba)
 from grace.wire import pack_bits, packed_nbytes, unpack_bits
 from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, CodecCtx, IndexCodec, Selection,
                                           check_index_set, flat_nonzero, pack_fields,
                                           unpack_fields)
-from gracecomm.compressors.deepreduce.policies import P2_MODES, POLICIES, mix, numba_available, select
+from gracecomm.compressors.deepreduce.policies import P2_MODES, POLICIES, mix, select
 
 
 def bloom_size(r: int, fpr: float) -> tuple[int, int]:
@@ -279,9 +280,8 @@ class BloomIndex(IndexCodec):
         backend = check_choice(backend, self.BACKENDS, self.label, "backend")
         kernel = check_choice(kernel, ("auto", "numba", "python"), self.label, "kernel")
         self.compiled = kernel == "numba" or (kernel == "auto" and numba_available())
-        if kernel == "numba" and not numba_available():
-            raise MissingDependency(f"{self.label}: kernel 'numba' needs numba: pip install "
-                                    "'numba>=0.59', or set kernel: python")
+        if kernel == "numba":
+            require_numba(f"{self.label}: kernel 'numba'", "kernel: python")
         self.reseed_every_step = bool(reseed_every_step)
         self.table_slices = check_range(table_slices, self.label, "table_slices", 0,
                                         integer=True)

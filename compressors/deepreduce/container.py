@@ -1,4 +1,5 @@
-"""The DeepReduce container: one uint8 tensor on the wire per tensor (spec Sec. 2).
+"""The DeepReduce container: one uint8 tensor on the wire per tensor (paper Sec. 3; the byte
+layout is this library's).
 
     header (24 bytes, little-endian)
       version u8 | index codec id u8 | value codec id u8 | flags u8

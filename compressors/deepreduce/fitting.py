@@ -1,4 +1,4 @@
-"""Curve-fitting value codecs of DeepReduce (paper Sec. 5, Lemmas 1, 9, 10; spec Sec. 6).
+"""Curve-fitting value codecs of DeepReduce (paper Sec. 5, Lemmas 1, 9, 10).
 
 Values are sorted into a canonical order (positives by decreasing value, zeros, negatives by
 decreasing magnitude), which makes each sign part a smooth decreasing curve of magnitudes;

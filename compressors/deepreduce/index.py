@@ -1,4 +1,4 @@
-"""Lossless index codecs of DeepReduce (paper Sec. 3 and appendix 10.7.1; spec Sec. 4):
+"""Lossless index codecs of DeepReduce (paper Sec. 3 and appendix 10.7.1):
 raw32, packed, bitmap, run-length (thesis Sec. 2.3.1), Huffman over index bytes,
 delta + variable-length integers, and DEFLATE. All are vectorised torch code (DEFLATE runs
 zlib on the CPU); the Bloom filter lives in `gracecomm.compressors.deepreduce.bloom`."""

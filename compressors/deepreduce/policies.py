@@ -6,7 +6,7 @@ positives P of a Bloom filter (true and false, ascending) into a selection of in
 - ``p0``: all of P (no error; the sender sends |P| values).
 - ``leftmost``, ``middle``, ``rightmost``: the first, middle or last r of P.
 - ``p1``: the r members of P with the smallest shared-seed priority (random policy).
-- ``p2``: conflict sets, paper Algorithm 1 made deterministic (spec Sec. 5).
+- ``p2``: conflict sets, paper Algorithm 1 (Sec. 4) made deterministic.
 
 Priorities rho(x) = mix(x xor mix(sigma_step)) are identical on every rank; ties go by index.
 """
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grace.validation import MissingDependency
+from grace.validation import require_numba
 
 MASK32 = 0xFFFFFFFF
 POLICIES = ("naive", "p0", "leftmost", "middle", "rightmost", "p1", "p2")
@@ -27,8 +27,8 @@ P2_MODES = ("round_robin", "cover")
 
 
 def mix(x: Any) -> Any:
-    """The normative 32-bit integer hash of spec Sec. 5 (works on Python ints and int64
-    tensors alike; every product stays below 2**63)."""
+    """This library's fixed 32-bit integer hash, the same on every rank (works on Python ints
+    and int64 tensors alike; every product stays below 2**63)."""
     x = x & MASK32
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & MASK32
@@ -169,11 +169,9 @@ _JITTED: dict[Callable[..., Any], Callable[..., Any]] = {}
 def jit(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` compiled by numba (once per process; cached on disk)."""
     if fn not in _JITTED:
-        try:
-            import numba
-        except ImportError:
-            raise MissingDependency("the compiled P2 kernel needs numba: pip install "
-                                    "'numba>=0.59', or set kernel: python") from None
+        require_numba("the compiled P2 kernel", "kernel: python")
+        import numba
+
         _JITTED[fn] = numba.njit(cache=True, nogil=True)(fn)
     return _JITTED[fn]
 
@@ -189,14 +187,6 @@ def p2_kernel(compiled: bool) -> Callable[[np.ndarray, np.ndarray, int, str], np
         return kernel(*sets(positions, rank), r)
 
     return p2
-
-
-def numba_available() -> bool:
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def conflict_selection(positions: torch.Tensor, rank: torch.Tensor, r: int, mode: str,

@@ -1,5 +1,5 @@
-"""The 1-D convolutional autoencoder of LGC (Abrahamyan et al., TNNLS, Tables I and II, with
-the resolutions of the LGC spec Sec. 4).
+"""The 1-D convolutional autoencoder of LGC (Abrahamyan et al., TNNLS, Sec. IV-C, Tables I and
+II, with this library's choices where the tables leave gaps).
 
 The encoder downsamples by 16 into 4 channels, so an input of length L (a multiple of 16)
 becomes a latent of 4 x L/16 = L/4 values. The decoder upsamples back to L; its first
@@ -65,7 +65,7 @@ class Decoder(nn.Module):
         self.net = nn.Sequential(*layers)
         self.innovation = innovation
         self.out = nn.Conv1d(32 + int(innovation), 1, 1)
-        if innovation:  # spec Sec. 4 [R]: the innovation starts as a pass-through
+        if innovation:  # this library's choice: the innovation starts as a pass-through
             with torch.no_grad():
                 self.out.weight[0, -1, 0] = 1.0
                 self.out.bias.zero_()

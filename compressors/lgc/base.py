@@ -1,6 +1,6 @@
 """What LGC_PS and LGC_RAR share: options, the three training phases, the autoencoder and its
 optimizer, the one-time autoencoder transfer, the byte breakdown and the checkpoint state
-(Abrahamyan et al., TNNLS, Sec. V; LGC spec Secs. 3, 4, 7 and 8).
+(Abrahamyan et al., TNNLS, Secs. IV-C, V and VI-A, Algorithm 1, Tables IV and V).
 
 Phases, with t the global step counted from 0 (identical on every rank):
 
@@ -113,7 +113,7 @@ class LGC(Compressor):
         for key in self.ae:
             if key.startswith("lambda"):
                 check_range(self.ae[key], label, f"ae.{key}", 0.0)
-        self.innovation_rule = ("fraction_of_topk", 0.1)  # m_l (spec Sec. 7); used by lgc_ps
+        self.innovation_rule = ("fraction_of_topk", 0.1)  # m_l (Algorithm 1); used by lgc_ps
         self.step = 0
         self.synced = False  # the one-time autoencoder transfer at the start of phase 3
         self.ae_skipped = 0
@@ -132,7 +132,7 @@ class LGC(Compressor):
     def world_size(self) -> int:
         return self.comm.world_size if self.comm is not None else 1
 
-    # -- phases (spec Sec. 3) -----------------------------------------------------------------
+    # -- phases (Sec. VI-A, Table V) ----------------------------------------------------------
     def phase_at(self, step: int) -> int:
         """1 (dense warm-up), 2 (top-k + autoencoder training) or 3 (compressed)."""
         if step < self.warmup_iters:
@@ -206,7 +206,7 @@ class LGC(Compressor):
     def decode(self, payload: Payload, ctx: LGCCtx) -> torch.Tensor:
         """The flat model vector of a joint payload."""
 
-    # -- the leader's selection (spec Sec. 6) ---------------------------------------------------
+    # -- the leader's selection (Sec. V-A, Fig. 7) ----------------------------------------------
     def leader_indices(self, plan: Plan, tensors: Sequence[torch.Tensor],
                        leader: int) -> tuple[list[torch.Tensor], int]:
         """The leader's per-layer top-k indices and the length of their DEFLATE stream, which
@@ -232,7 +232,7 @@ class LGC(Compressor):
         except PayloadError as err:
             raise PayloadError(f"index stream from the leader, rank {leader}: {err}") from None
 
-    # -- autoencoder (spec Sec. 4) --------------------------------------------------------------
+    # -- autoencoder (Sec. IV-C) ----------------------------------------------------------------
     def decoder_count(self) -> int:
         return 1
 
@@ -290,7 +290,7 @@ class LGC(Compressor):
         """The rank that trained the autoencoder and the modules the others need."""
 
     def sync_autoencoder(self) -> None:
-        """The one-time transfer when phase 2 ends (spec Sec. 3): broadcast the trained
+        """The one-time transfer when phase 2 ends (Sec. V-B): broadcast the trained
         weights from their trainer, counted as that rank's payload and as ``ae_sync_bytes``."""
         src, modules = self.sync_source()
         params = [p for m in modules for p in m.parameters()]
@@ -309,7 +309,7 @@ class LGC(Compressor):
                                      f"holds NaN or Inf at step {self.step}")
         return x
 
-    # -- accounting (spec Sec. 8) ----------------------------------------------------------------
+    # -- accounting (Sec. VI, Table IV) ----------------------------------------------------------
     def log_parts(self, parts: Sequence[str], payload: Payload) -> None:
         """Bytes of each payload tensor under ``lgc_<part>_bytes`` (dense, latent, values,
         innovation, index, scalars); together with the bytes of the compressor's own
@@ -321,8 +321,8 @@ class LGC(Compressor):
         self.metrics.add(f"lgc_{part}_bytes", payload_nbytes([tensor]))
 
     def log_topk_baseline(self, plan: Plan, dense: torch.Tensor, index_bytes: int) -> None:
-        """What plain Top-k on LGC's partition would send from this rank this step (spec
-        Sec. 8, "top-k baseline"): F dense and the mu + kappa selected values, with the
+        """What plain Top-k on LGC's partition would send from this rank this step (Table
+        IV's top-k rows, index bytes counted): F dense and the mu + kappa selected values, with the
         indices DEFLATE-coded as LGC codes them (`index_bytes`: this step's stream, the rank's
         own or the leader's, whose length every rank knows) in ``lgc_topk_deflate_nbytes``,
         or as int32 in ``lgc_topk_int32_nbytes``. Not part of ``wire_bytes``."""

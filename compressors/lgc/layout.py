@@ -1,7 +1,7 @@
-"""How LGC sees a model (LGC spec Secs. 2 and 7): the partition of the parameter tensors into
-F (sent dense), M (top-k, then the autoencoder) and Lambda (plain top-k), the per-layer sizes
-k_l and m_l, the layer-wise exact top-k, the innovation of Algorithm 1 and the DEFLATE-coded
-index streams.
+"""How LGC sees a model (Abrahamyan et al., TNNLS, Secs. V-A and VI-A): the partition of the
+parameter tensors into F (sent dense), M (top-k, then the autoencoder) and Lambda (plain
+top-k), the per-layer sizes k_l and m_l, the layer-wise exact top-k, the innovation of
+Algorithm 1 and the DEFLATE-coded index streams.
 
 Vectors follow one convention: the top-k vector g~ holds the layers of M in parameter order,
 each layer's k_l values in ascending index order; the Lambda values follow in the same way.
@@ -54,7 +54,7 @@ def _members(option: str, spec: Groups, names: Sequence[str], auto: str) -> set[
 
 @dataclass(frozen=True)
 class Plan:
-    """Partition and sizes of one model's gradients (spec Sec. 2). Positions refer to the
+    """Partition and sizes of one model's gradients (Sec. VI-A). Positions refer to the
     order of the tensors handed to the compressor (`named_parameters()` order)."""
 
     names: tuple[str, ...]
@@ -97,7 +97,7 @@ class Plan:
         return cls(names, tuple(torch.Size(s) for s in shapes), tuple(sorted(first)), middle,
                    tuple(sorted(last)), k, m)
 
-    # -- sizes (spec Sec. 2) ----------------------------------------------------------------
+    # -- sizes (Sec. V-A) -------------------------------------------------------------------
     @property
     def sparse(self) -> tuple[int, ...]:
         """Positions of M then Lambda: the layers that are top-k sparsified."""
@@ -181,7 +181,7 @@ class Plan:
         m = torch.tensor(self.m, dtype=torch.int64, device=counts.device)
         return order[rank < m[layer[order]]].sort().values
 
-    # -- index streams (spec Sec. 7) --------------------------------------------------------
+    # -- index streams (Sec. V-A, DEFLATE) --------------------------------------------------
     def encode_indices(self, indices: Sequence[torch.Tensor], delta: bool,
                        level: int) -> torch.Tensor:
         """Idx(I): the M and Lambda selections as a DEFLATE stream."""

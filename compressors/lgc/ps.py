@@ -1,5 +1,5 @@
 """LGC_PS: learned gradient compression in the parameter-server pattern (Abrahamyan et al.,
-TNNLS, Sec. IV-A, Algorithm 1, Figs. 6 and 8; LGC spec Sec. 5).
+TNNLS, Sec. IV-A, Algorithm 1, Figs. 6 and 8).
 
 Every worker sends its top-k indices (DEFLATE) and, in phase 3, only the innovation of its
 top-k vector; one fixed *leader* adds the encoded common part. With ``indices: leader`` every
@@ -159,7 +159,7 @@ class LGCPS(LGC):
 
     # -- master side ---------------------------------------------------------------------------
     def aggregate(self, payloads: Sequence[Payload], ctx: LGCCtx) -> torch.Tensor:
-        """The master's mean over workers (spec Sec. 5); in phase 2 it also takes one
+        """The master's mean over workers (Sec. V-B1); in phase 2 it also takes one
         autoencoder step on the workers' top-k vectors."""
         sizes = [payload_nbytes(p) for p in payloads]
         if isinstance(ctx, PsCtx) and ctx.indices is not None:  # the leader's index broadcast
@@ -180,7 +180,7 @@ class LGCPS(LGC):
 
     def log_senders(self, what: str, per_rank: Sequence[float]) -> None:
         """``lgc_leader_<what>`` and ``lgc_others_<what>`` (the mean over the other workers)
-        of a per-rank quantity the master received (spec Sec. 8: PS reports the leader and
+        of a per-rank quantity the master received (Tables IV and VI report the leader and
         the others apart)."""
         if len(per_rank) > 1:
             leader = self.leader
@@ -303,8 +303,8 @@ class LGCPS(LGC):
     def log_rho(self, decoded: torch.Tensor, innovation: torch.Tensor,
                 target: torch.Tensor) -> None:
         """``lgc_rho`` = |x_hat - x|^2 / |x|^2 and ``lgc_rho_innov`` = |u - x|^2 / |x|^2 (the
-        innovation alone) on RMS-scaled vectors (spec Sec. 11, training test 2). Phase 2: over
-        the K vectors the step trains on. Phase 3: the master's own vector, decoded from the
+        innovation alone) on RMS-scaled vectors (this library's diagnostic of Eq. (4)). Phase
+        2: over the K vectors the step trains on. Phase 3: the master's own vector, decoded from the
         leader's latent and its innovation as every worker's is; a decoder that only passes
         its innovation through gives rho = rho_innov."""
         norm = max(float(target.pow(2).sum()), 1e-30)

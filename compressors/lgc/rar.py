@@ -1,5 +1,5 @@
 """LGC_RAR: learned gradient compression in the ring-allreduce pattern (Abrahamyan et al.,
-TNNLS, Sec. IV-B, Algorithm 2, Fig. 5(b); LGC spec Sec. 6).
+TNNLS, Sec. IV-B, Algorithm 2, Fig. 5(b), Fig. 7).
 
 Each step a leader rank, drawn from a seed every rank shares, broadcasts its per-layer top-k
 indices (DEFLATE); every rank takes its own values at those indices. In phase 2 the values
@@ -147,7 +147,7 @@ class LGCRar(LGC):
 
     def train(self, plan: Plan, topk: torch.Tensor) -> None:
         """One step on L = lambda1 * |crop(D(mean_k E(x_k))) - mean_k x_k|^2 with
-        x_k = g~_k / s and s the mean RMS (spec Sec. 6)."""
+        x_k = g~_k / s and s the mean RMS (Eqs. (8)-(11); the RMS scaling is this library's)."""
         if not plan.mu:
             return
         topk = topk.float()
