@@ -74,7 +74,8 @@ def unpack(header: torch.Tensor, buf: torch.Tensor) -> list[tuple[TensorInfo, Pa
 class ParameterServer(Communicator):
     """Per call: one size exchange (unless sizes are fixed), one gather of every rank's
     payloads to `master_rank` (padded to the largest), one broadcast from the master of the
-    status and sizes, and one round of two broadcasts (the header, the result). `downlink`: a compressor applied to each
+    status and sizes, and one round of two broadcasts (the header, the result).
+    `downlink`: a compressor applied to each
     averaged tensor before the broadcast (e.g. ``fp16``, ``topk``, ``natural``); its ctx must
     be the plain `TensorInfo` of the tensor, since workers decompress without it."""
 

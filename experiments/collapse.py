@@ -79,7 +79,8 @@ class CollapseWatch:
         if self.chance is None:
             return
         self.evaluations += 1
-        if self.better(value, self.learned) and (self.best is None or self.better(value, self.best.value)):
+        if self.better(value, self.learned) and (self.best is None
+                                                 or self.better(value, self.best.value)):
             self.best = Point(step, epoch, value)
         if self.better(value, self.chance):
             self.at_chance = None

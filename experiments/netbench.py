@@ -100,8 +100,9 @@ def shaped_namespace(bandwidth_mbps: float, latency_ms: float) -> Iterator[str]:
                 _run(*ns, "tc", "qdisc", "add", "dev", "lo", "parent", "1:1", "handle", "10:",
                      "netem", "delay", f"{latency_ms}ms")
             except NetbenchError as err:
-                raise NetbenchError(f"latency_ms={latency_ms} needs tc netem, which this kernel "
-                                    f"does not offer (sch_netem); use latency_ms=0 ({err})") from None
+                raise NetbenchError(f"latency_ms={latency_ms} needs tc netem, which this "
+                                    f"kernel does not offer (sch_netem); use latency_ms=0 "
+                                    f"({err})") from None
         yield name
     finally:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)

@@ -62,7 +62,8 @@ def register_torch_hook(ddp: DistributedDataParallel, grace: Grace) -> None:
     name = comp.registry_name
     state: Any = None
     if name in ("fp16", "bf16"):
-        hook = default_hooks.fp16_compress_hook if name == "fp16" else default_hooks.bf16_compress_hook
+        hook = (default_hooks.fp16_compress_hook if name == "fp16"
+                else default_hooks.bf16_compress_hook)
     elif name == "powersgd":
         hook = torch_powersgd.powerSGD_hook
         state = torch_powersgd.PowerSGDState(

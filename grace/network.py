@@ -136,7 +136,8 @@ class Network:
 def networks(bandwidths_gbps: Iterable[float] | float, latency_us: float,
              shared: bool = False) -> list[Network]:
     """One `Network` per bandwidth (a number or a list, as in ``network.bandwidth_gbps``)."""
-    values = [bandwidths_gbps] if isinstance(bandwidths_gbps, (int, float)) else list(bandwidths_gbps)
+    values = ([bandwidths_gbps] if isinstance(bandwidths_gbps, (int, float))
+              else list(bandwidths_gbps))
     if not values:
         raise ConfigError("network: option 'bandwidth_gbps' must list at least one bandwidth")
     return [Network(b, latency_us, bool(shared)) for b in values]

@@ -193,5 +193,6 @@ def get(kind: str, name: str) -> type:
 
 
 def create(kind: str, name: str, **kwargs: Any) -> Any:
-    """Instantiate `name` from the family `kind`, e.g. ``create('compressor', 'topk', ratio=0.01)``."""
+    """Instantiate `name` from the family `kind`, e.g.
+    ``create('compressor', 'topk', ratio=0.01)``."""
     return _registry(kind).create(name, **kwargs)

@@ -87,7 +87,9 @@ def check_range(value: Any, owner: str, option: str, low: float | None = None,
     if bad_low or bad_high:
         lo = "-inf" if low is None else f"{low}"
         hi = "inf" if high is None else f"{high}"
-        interval = f"{'(' if low_open or low is None else '['}{lo}, {hi}{')' if high_open or high is None else ']'}"
+        opening = "(" if low_open or low is None else "["
+        closing = ")" if high_open or high is None else "]"
+        interval = f"{opening}{lo}, {hi}{closing}"
         raise ConfigError(f"{owner}: option '{option}' must be {kind} in {interval}, got {value}")
     return int(value) if integer else value
 
