@@ -9,7 +9,9 @@ Every wait is bounded and every failure is named within seconds:
 - `spawn` stops every worker as soon as one fails and raises the *first* failure: an error
   raised by a rank's own code before a peer's lost connection, and a rank that died
   silently before the peers that lost it; when a rank times out in a collective while
-  another rank is alive and silent, the silent rank is named as the hung one;
+  another rank is alive and silent, the silent rank is named as the hung one, and the
+  Python stacks of every rank still running (hung, or past `spawn`'s own deadline) are
+  shown, so the error says where it waited;
 - workers end with their launcher: they exit on SIGINT even while blocked in a collective,
   and within a fraction of a second after the launcher dies (SIGTERM, SIGKILL);
 - process groups are created with a collective timeout, so a hung peer ends the run after
@@ -19,11 +21,12 @@ Every wait is bounded and every failure is named within seconds:
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import select
 import signal
-import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -41,6 +44,8 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _POLL_S = 0.25  # how often a worker checks that its launcher is alive
 _SETTLE_S = 0.5  # after a failure: time for causally earlier reports to arrive
 _REPORT_CHARS = 20_000  # tail of a traceback sent to the launcher
+_STACK_WAIT_S = 2.0  # how long `spawn` waits for a running worker to write its stacks
+_STACK_SIGNAL = signal.SIGUSR1  # asks a local worker to write its stacks (faulthandler)
 # Gloo raises plain RuntimeErrors; these say a peer went away or did not answer
 _COMM_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                  "Timed out", "/gloo/transport/")
@@ -60,25 +65,32 @@ def launched_externally() -> bool:
     return all(v in os.environ for v in LAUNCHER_VARS)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def host_store(world_size: int, timeout_s: float) -> dist.TCPStore:
+    """The rendezvous store of a local group, listening on 127.0.0.1 before any worker
+    starts. A port merely found free and handed on can be taken in between, and a worker
+    that connects before its rank 0 listens can be given that same port as its own source
+    port and connect to itself (TCP simultaneous open), then wait forever; a store that
+    already listens rules out both."""
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
+                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def init_process_group(backend: str, rank: int, world_size: int, *, timeout_s: float,
-                       master_port: int | None = None) -> None:
-    """Join a process group. With `master_port`, a local group on 127.0.0.1; otherwise the
-    launcher's environment (MASTER_ADDR, MASTER_PORT) is used. ``nccl`` carries CUDA
-    tensors; CPU tensors (start-up consistency checks, checkpoint manifests) go over Gloo
-    in the same group, which NCCL alone would refuse."""
-    if master_port is not None:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(master_port)
+                       store_port: int | None = None) -> None:
+    """Join a process group. With `store_port`, a local group whose store `spawn` hosts on
+    127.0.0.1 (`host_store`); otherwise the launcher's environment (MASTER_ADDR,
+    MASTER_PORT) is used. ``nccl`` carries CUDA tensors; CPU tensors (start-up consistency
+    checks, checkpoint manifests) go over Gloo in the same group, which NCCL alone would
+    refuse."""
+    timeout = timedelta(seconds=timeout_s)
+    store = None
+    if store_port is not None:
+        store = dist.TCPStore("127.0.0.1", store_port, world_size, is_master=False,
+                              timeout=timeout)
     if backend == "nccl":
         backend = "cpu:gloo,cuda:nccl"
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
+                            store=store)
 
 
 def finish_process_group() -> None:
@@ -161,7 +173,7 @@ class _Report:
 
 
 def run_rank(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any, ...], *,
-             backend: str, collective_timeout_s: float, master_port: int | None = None,
+             backend: str, collective_timeout_s: float, store_port: int | None = None,
              report: Connection | None = None) -> NoReturn:
     """The whole life of one rank: join the group, run ``fn(rank, world_size, *args)`` and
     exit. On success the ranks meet in a barrier; on an error this rank reports it at once
@@ -172,7 +184,7 @@ def run_rank(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any
         end_with_launcher(os.getppid(), rank)
     try:
         init_process_group(backend, rank, world_size, timeout_s=collective_timeout_s,
-                           master_port=master_port)
+                           store_port=store_port)
         fn(rank, world_size, *args)
     except BaseException as err:  # noqa: BLE001 - any failure ends the rank, reported
         failure = _Report(rank, time.monotonic(), failure_kind(err),
@@ -201,13 +213,38 @@ def _record_for_torchrun(err: BaseException) -> None:
         pass
 
 
-def _spawned(rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str,
+def _spawned(rank: int, fn: Callable[..., Any], world_size: int, store_port: int, backend: str,
              collective_timeout_s: float, threads: int, launcher_pid: int, report: Connection,
-             args: tuple[Any, ...]) -> None:
+             stack_path: str, args: tuple[Any, ...]) -> None:
     end_with_launcher(launcher_pid, rank, kernel=True)
+    # the file stays open for the life of the process: faulthandler writes to its descriptor
+    faulthandler.register(_STACK_SIGNAL, file=open(stack_path, "w"),  # noqa: SIM115
+                          all_threads=True)
     torch.set_num_threads(threads)
     run_rank(fn, rank, world_size, args, backend=backend,
-             collective_timeout_s=collective_timeout_s, master_port=port, report=report)
+             collective_timeout_s=collective_timeout_s, store_port=store_port, report=report)
+
+
+def _stacks(procs: list[Any], paths: list[str]) -> str:
+    """The Python stacks of the workers still running (faulthandler's dump on
+    `_STACK_SIGNAL`), waiting up to `_STACK_WAIT_S` for them; empty if none answered (a
+    stopped process cannot)."""
+    alive = [rank for rank, proc in enumerate(procs) if proc.is_alive()]
+    for rank in alive:
+        os.kill(procs[rank].pid, _STACK_SIGNAL)
+    deadline = time.monotonic() + _STACK_WAIT_S
+    texts = dict.fromkeys(alive, "")
+    done: set[int] = set()
+    while time.monotonic() < deadline and len(done) < len(alive):
+        time.sleep(0.1)
+        for rank in set(alive) - done:
+            with open(paths[rank], encoding="utf-8", errors="replace") as f:
+                text = f.read()
+            if text and text == texts[rank]:  # written, and unchanged since the last look
+                done.add(rank)
+            texts[rank] = text
+    return "".join(f"\nStacks of rank {rank}, still running:\n{texts[rank][-_REPORT_CHARS:]}"
+                   for rank in alive if texts[rank])
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
@@ -226,26 +263,30 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
         # from its parent and cannot find loky's, so fall back to the standard one
         mp.set_start_method("spawn", force=True)
     ctx = mp.get_context("spawn")
-    port, procs, readers = free_port(), [], []
+    store, procs, readers = host_store(world_size, collective_timeout_s), [], []
+    stack_dir = tempfile.TemporaryDirectory(prefix="grace-stacks-")
+    paths = [os.path.join(stack_dir.name, f"rank{rank}.txt") for rank in range(world_size)]
     try:
         for rank in range(world_size):
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_spawned, name=f"grace-rank{rank}", args=(
-                rank, fn, world_size, port, backend, collective_timeout_s, threads,
-                os.getpid(), writer, args))
+                rank, fn, world_size, store.port, backend, collective_timeout_s, threads,
+                os.getpid(), writer, paths[rank], args))
             proc.start()
             writer.close()
             procs.append(proc)
             readers.append(reader)
         failures = _watch(procs, readers, time.monotonic() + timeout_s)
         if failures:
-            message = _describe(failures, procs, collective_timeout_s)
+            message, hung = _describe(failures, procs, collective_timeout_s)
+            if hung:
+                message += _stacks(procs, paths)
             for proc in procs:
                 proc.kill()
             raise WorkerError(message)
         if any(proc.is_alive() for proc in procs):
             raise WorkerTimeout(f"{world_size} local workers did not finish within "
-                                f"{timeout_s:.0f} s; killed them")
+                                f"{timeout_s:.0f} s; killed them" + _stacks(procs, paths))
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -253,6 +294,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
             proc.join()
         for reader in readers:
             reader.close()
+        stack_dir.cleanup()
 
 
 def _watch(procs: list[Any], readers: list[Connection],
@@ -294,10 +336,10 @@ def _watch(procs: list[Any], readers: list[Connection],
 
 
 def _describe(failures: list[_Report | tuple[int, int]], procs: list[Any],
-              collective_timeout_s: float) -> str:
+              collective_timeout_s: float) -> tuple[str, bool]:
     """The first failure, in order of blame: an error of a rank's own code (earliest
     first), then a rank that died without a report, then a lost or timed-out connection
-    (naming the ranks still alive that never answered)."""
+    (naming the ranks still alive that never answered); and whether such ranks hung."""
     world_size = len(procs)
     own = sorted((f for f in failures if isinstance(f, _Report) and f.kind == "error"),
                  key=lambda f: f.at)
@@ -307,13 +349,13 @@ def _describe(failures: list[_Report | tuple[int, int]], procs: list[Any],
     if own:
         f = own[0]
         return (f"worker rank {f.rank} of {world_size} failed and the other workers were "
-                f"stopped. Its error:\n{f.text}")
+                f"stopped. Its error:\n{f.text}"), False
     if silent:
         rank, code = silent[0]
         how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
                else f"exited with code {code}")
         return (f"worker rank {rank} of {world_size} {how} without reporting an error; "
-                "the other workers were stopped")
+                "the other workers were stopped"), False
     f = lost[0]
     failed = {g.rank for g in lost}
     hung = [r for r, p in enumerate(procs) if r not in failed and p.is_alive()]
@@ -322,6 +364,6 @@ def _describe(failures: list[_Report | tuple[int, int]], procs: list[Any],
         return (f"worker rank {names} of {world_size} did not answer within the collective "
                 f"timeout ({collective_timeout_s:g} s) and was still running: it hung, was "
                 "stopped or is too slow (raise trainer.collective_timeout_s if it is only "
-                f"slow). The other workers were stopped. Rank {f.rank} reported:\n{f.text}")
+                f"slow). The other workers were stopped. Rank {f.rank} reported:\n{f.text}"), True
     return (f"worker rank {f.rank} of {world_size} lost its connection to a peer and the "
-            f"other workers were stopped. Its error:\n{f.text}")
+            f"other workers were stopped. Its error:\n{f.text}"), False

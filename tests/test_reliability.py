@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 from gracecomm.experiments import checkpoint
 from gracecomm.experiments.reliability import long_run, workers_of
 from gracecomm.experiments.train import train_worker
-from tests.helpers import compose_train, run_ranks
+from omegaconf import OmegaConf
+
+from tests.helpers import compose_train, free_port, run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,6 +125,39 @@ def test_dead_or_hung_peer_ends_the_run_with_an_error(tmp_path, fault):
             err[-2000:]
 
 
+def wait_forever_in_rank_1(rank, world_size):
+    import torch.distributed as dist
+    if rank == 1:
+        time.sleep(3600)
+    dist.barrier()
+
+
+def sleep_past_the_deadline(rank, world_size):
+    time.sleep(3600)
+
+
+def test_hung_local_worker_is_named_with_its_stack():
+    from grace.launch import WorkerError, spawn
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        spawn(wait_forever_in_rank_1, 2, timeout_s=90, collective_timeout_s=10)
+    message = str(info.value)
+    assert time.monotonic() - start < 60
+    assert "worker rank 1 of 2 did not answer within the collective timeout" in message
+    assert "Stacks of rank 1, still running" in message
+    assert "in wait_forever_in_rank_1" in message.split("Stacks of rank 1")[1], message
+
+
+def test_workers_past_the_deadline_show_their_stacks():
+    from grace.launch import WorkerTimeout, spawn
+    with pytest.raises(WorkerTimeout) as info:
+        spawn(sleep_past_the_deadline, 2, timeout_s=15)
+    message = str(info.value)
+    for rank in (0, 1):
+        assert f"Stacks of rank {rank}, still running" in message, message
+    assert "in sleep_past_the_deadline" in message
+
+
 # -- ranks that disagree ------------------------------------------------------------------
 
 def launch_rank(rank, port, tmp_path, *overrides):
@@ -141,7 +174,6 @@ def launch_rank(rank, port, tmp_path, *overrides):
 @pytest.mark.parametrize("override,part", [("compressor.ratio=0.02", "compressor"),
                                            ("model.hidden=32", "parameters")])
 def test_ranks_with_different_setups_are_refused(tmp_path, override, part):
-    from grace.launch import free_port
     port = free_port()
     procs = [launch_rank(0, port, tmp_path, "compressor=topk"),
              launch_rank(1, port, tmp_path, "compressor=topk", override)]

@@ -7,7 +7,7 @@ aggregating one more rank's payload (`Compressor.aggregate` of ``receive_ranks``
 against one, per extra rank, in reads; summable methods are added by the allreduce itself).
 ``mem_compress_x`` and ``mem_decompress_x`` are the peak extra resident memory of one call
 in units of the tensor's bytes, ``topk_mem_x`` that of ``torch.topk(|t|, k)``
-(`gracecomm.experiments.bench.PeakMemory`, measured after all timings; ``memory=false``
+(`gracecomm.experiments.bench.PeakMemory`, measured after all timings; ``peak_memory=false``
 skips it).
 
     gracecomm-bench                        # the defaults of configs/bench.yaml
@@ -238,7 +238,7 @@ def quality_band(values: list[float]) -> Record:
 
 
 @suite("compressors", options=("methods", "sizes", "ratios", "distributions", "gradients",
-                                "capture", "steps"))
+                                "capture", "steps", "receive_ranks", "peak_memory"))
 def run(cfg: DictConfig) -> list[Record]:
     records: list[Record] = []
     steps = max(1, int(cfg.get("steps", 1)))
@@ -285,7 +285,7 @@ def run(cfg: DictConfig) -> list[Record]:
                       f"({rec['topk_speedup_total']:.1f}x faster than topk), "
                       f"k_hat/k {rec['quality']:.3f}", flush=True)
             later.append((sample, numel, [(rec, c) for rec, (_, _, c) in zip(timed, instances)]))
-    if cfg.get("memory", True):
+    if cfg.peak_memory:
         memory_pass(later, list(cfg.ratios), steps)
     return records
 
