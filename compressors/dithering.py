@@ -154,6 +154,15 @@ class Dithering(Compressor):
         return (sent, signs, pack_uint(codes, self.code_bits, check=False)), info
 
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        return self._decode(payload, ctx, None)
+
+    def decompress_add(self, payload: Payload, ctx: TensorInfo, out: torch.Tensor) -> None:
+        self._decode(payload, ctx, out)
+
+    def _decode(self, payload: Payload, ctx: TensorInfo,
+                add_to: torch.Tensor | None) -> torch.Tensor:
+        """The decompression, or (`add_to`) `add_to` plus it, in place: one fused pass over
+        it with the kernels."""
         n = ctx.numel
         if len(payload) != 3:
             raise PayloadError(f"{self.label} payload has {len(payload)} tensors, expected 3")
@@ -165,22 +174,30 @@ class Dithering(Compressor):
                        "dithering level plane")
         if n == 0:
             return torch.empty(ctx.shape, dtype=ctx.dtype, device=norms.device)
-        if self.code_bits <= 8 and use_kernels(norms):
+        if self.code_bits <= 8 and use_kernels(norms) and (
+                add_to is None or (use_kernels(add_to) and add_to.is_contiguous())):
             from grace.kernels import dither_decode
 
             table = self.level_values(torch.arange(self.levels + 1, dtype=self.code_dtype))
-            values, top = dither_decode(signs.numpy(), packed.numpy(), table.numpy(),
-                                        norms.numpy(), size, n, self.code_bits)
-            out = torch.from_numpy(values)
-        else:
-            codes = unpack_uint(packed, self.code_bits, n, dtype=self.code_dtype)
-            top = int(codes.max())
-            out = self.level_values(codes)
-            out = scale_buckets_(torch.where(unpack_bits(signs, n), -out, out), norms, size)
+            values, top = dither_decode(
+                signs.numpy(), packed.numpy(), table.numpy(), norms.numpy(), size, n,
+                self.code_bits, None if add_to is None else add_to.view(-1).numpy())
+            self._check_codes(top)
+            if add_to is None:
+                return torch.from_numpy(values).to(ctx.dtype).view(ctx.shape)
+            return add_to
+        codes = unpack_uint(packed, self.code_bits, n, dtype=self.code_dtype)
+        self._check_codes(int(codes.max()))
+        out = self.level_values(codes)
+        out = scale_buckets_(torch.where(unpack_bits(signs, n), -out, out), norms, size)
+        if add_to is None:
+            return out.to(ctx.dtype).view(ctx.shape)
+        return add_to.add_(out.view(add_to.shape))
+
+    def _check_codes(self, top: int) -> None:
         if top > self.levels:
             raise PayloadError(f"dithering level plane holds codes above {self.levels} "
                                "(reserved)")
-        return out.to(ctx.dtype).view(ctx.shape)
 
     def state_dict(self) -> dict[str, Any]:
         return {"streams": self.streams.state_dict()}

@@ -239,9 +239,7 @@ class Natural(Compressor):
             sign = torch.where(codes >> 11 == 1, -(2**63), 0)
             return ((exps << 52) | sign).view(torch.float64).view(ctx.shape)
         if self.wire == "nat9":
-            expect_payload(payload[0], n, torch.uint8, "nat9 exponent plane")
-            expect_payload(payload[1], packed_nbytes(n, 1), torch.uint8, "nat9 sign plane")
-            out = decode_nat9(payload[0], payload[1])
+            out = decode_nat9(*nat9_planes(payload, n))
         elif self.wire == "float32":
             expect_payload(payload[0], n, torch.float32, "natural float32 payload")
             out = payload[0]
@@ -251,6 +249,14 @@ class Natural(Compressor):
             expect_payload(payload[0], n, torch.int64, "int_fixed payload")
             out = torch.ldexp(payload[0].double(), torch.tensor(float(self.e_min)))
         return out.to(ctx.dtype).view(ctx.shape)
+
+    def decompress_add(self, payload: Payload, ctx: TensorInfo, out: torch.Tensor) -> None:
+        """nat9 into float32: decoded and added in one pass over `out` (kernels)."""
+        if not (self.wire == "nat9" and ctx.dtype == out.dtype == torch.float32
+                and out.is_contiguous()):
+            super().decompress_add(payload, ctx, out)
+            return
+        decode_nat9(*nat9_planes(payload, ctx.numel), out.view(-1))
 
     def _decode_nat8(self, code: torch.Tensor, n: int) -> torch.Tensor:
         expect_payload(code, n, torch.uint8, "nat8 payload")
@@ -270,22 +276,32 @@ class Natural(Compressor):
         self.streams.load_state_dict(state["streams"])
 
 
-def decode_nat9(exps: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
-    """float32 tensor (sign << 31) | (exponent << 23) from the nat9 planes; the reserved
-    exponent code 255 raises `PayloadError`."""
+def nat9_planes(payload: Payload, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exponent and sign planes of a nat9 payload of n values, checked."""
+    expect_payload(payload[0], n, torch.uint8, "nat9 exponent plane")
+    expect_payload(payload[1], packed_nbytes(n, 1), torch.uint8, "nat9 sign plane")
+    return payload[0], payload[1]
+
+
+def decode_nat9(exps: torch.Tensor, signs: torch.Tensor,
+                add_to: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 tensor (sign << 31) | (exponent << 23) from the nat9 planes, or with `add_to`
+    (a flat contiguous float32 tensor) that tensor plus it, in place (one pass over it with
+    the kernels); the reserved exponent code 255 raises `PayloadError`."""
     n = exps.numel()
     if kernels_enabled(exps.device):
         from grace.kernels import nat9_decode
 
-        bits, top = nat9_decode(exps.contiguous().numpy(), signs.contiguous().numpy())
-        out = torch.from_numpy(bits.view(np.float32))
+        bits, top = nat9_decode(exps.contiguous().numpy(), signs.contiguous().numpy(),
+                                None if add_to is None else add_to.numpy())
+        out = add_to if add_to is not None else torch.from_numpy(bits.view(np.float32))
     else:
         bits = (exps.to(torch.int32) << 23) | sign_bits(unpack_bits(signs, n))
         out = bits.view(torch.float32)
         top = int(exps.max()) if n else 0
     if top == 255:
         raise PayloadError("nat9 payload holds the reserved exponent code 255")
-    return out
+    return out if add_to is None or out is add_to else add_to.add_(out)
 
 
 def sign_bits(negative: torch.Tensor) -> torch.Tensor:

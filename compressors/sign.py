@@ -70,23 +70,31 @@ class SignCompressor(Compressor):
         if self.num_scales:
             expect_payload(payload[1], self.num_scales, torch.float32, "sign scales")
 
-    def negatives(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
-        """The sign plane of a payload as bool."""
-        self.check(payload, ctx)
-        return unpack_bits(payload[0], ctx.numel)
-
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        return self._decode(payload, ctx, None)
+
+    def decompress_add(self, payload: Payload, ctx: TensorInfo, out: torch.Tensor) -> None:
+        self._decode(payload, ctx, out)
+
+    def _decode(self, payload: Payload, ctx: TensorInfo,
+                add_to: torch.Tensor | None) -> torch.Tensor:
+        """The decompression, or (`add_to`) `add_to` plus it, in place: one pass over it
+        with the kernels."""
         self.check(payload, ctx)
         signs = payload[0]
         scales = payload[1] if self.num_scales else signs.new_empty(0, dtype=torch.float32)
         low, high = self.values(scales).tolist()
-        if ctx.dtype == torch.float32 and kernels_enabled(signs.device):
+        target = ctx.dtype if add_to is None else add_to.dtype
+        if target == torch.float32 and kernels_enabled(signs.device) and (
+                add_to is None or add_to.is_contiguous()):
             from grace.kernels import unpack_signs
 
-            out = torch.from_numpy(unpack_signs(signs.numpy(), ctx.numel, low, high))
-        else:
-            out = torch.where(unpack_bits(signs, ctx.numel), low, high).to(ctx.dtype)
-        return out.view(ctx.shape)
+            out = torch.from_numpy(unpack_signs(signs.numpy(), ctx.numel, low, high,
+                                                None if add_to is None else
+                                                add_to.view(-1).numpy()))
+            return out.view(ctx.shape) if add_to is None else add_to
+        out = torch.where(unpack_bits(signs, ctx.numel), low, high).to(target).view(ctx.shape)
+        return out if add_to is None else add_to.add_(out)
 
 
 @dataclass(frozen=True)
@@ -123,9 +131,17 @@ class MajorityVote(SignCompressor):
                       "size, so SGD's step sizes end at chance (docs/quantizers.md)"),)
 
     def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
-        votes = torch.zeros(ctx.numel, dtype=torch.int32, device=payloads[0][0].device)
+        device = payloads[0][0].device
+        votes = torch.zeros(ctx.numel, device=device,
+                            dtype=torch.int16 if len(payloads) < 2**15 else torch.int32)
         for payload in payloads:
-            votes += self.negatives(payload, ctx)
+            self.check(payload, ctx)
+            if kernels_enabled(device):
+                from grace.kernels import count_signs
+
+                count_signs(payload[0].numpy(), votes.numpy())
+            else:
+                votes += unpack_bits(payload[0], ctx.numel)
         # len(payloads) - 2 * negatives = sum of the +-1 votes
         return torch.sign(len(payloads) - 2 * votes).to(ctx.dtype).view(ctx.shape)
 

@@ -158,20 +158,39 @@ def pack_signs(x: np.ndarray, sums: bool) -> tuple[np.ndarray, int, float, float
 
 
 @numba.njit(cache=True, nogil=True)
-def _unsigns(signs, out, low, high):  # pragma: no cover - compiled
-    for k in range(out.size):
-        out[k] = low if (signs[k >> 3] >> U8(k & 7)) & U8(1) else high
+def _unsigns(signs, out, low, high, add):  # pragma: no cover - compiled
+    if add:
+        for k in range(out.size):
+            out[k] += low if (signs[k >> 3] >> U8(k & 7)) & U8(1) else high
+    else:
+        for k in range(out.size):
+            out[k] = low if (signs[k >> 3] >> U8(k & 7)) & U8(1) else high
 
 
-def unpack_signs(signs: np.ndarray, n: int, low: float, high: float) -> np.ndarray:
-    """float32 array of n values: `low` where the sign bit is set, else `high`."""
-    out = np.empty(n, dtype=np.float32)
+def unpack_signs(signs: np.ndarray, n: int, low: float, high: float,
+                 add_to: np.ndarray | None = None) -> np.ndarray:
+    """float32 array of n values: `low` where the sign bit is set, else `high`; with
+    `add_to` (float32, n values) those values are added to it in place and it is returned."""
+    out = np.empty(n, dtype=np.float32) if add_to is None else add_to
     _split(n, _unsigns, lambda lo, hi: (signs[lo // 8:(hi + 7) // 8], out[lo:hi], F32(low),
-                                        F32(high)))
+                                        F32(high), add_to is not None))
     return out
 
 
+@numba.njit(cache=True, nogil=True)
+def _count_bits(signs, counts):  # pragma: no cover - compiled
+    for k in range(counts.size):
+        counts[k] += (signs[k >> 3] >> U8(k & 7)) & U8(1)
+
+
+def count_signs(signs: np.ndarray, counts: np.ndarray) -> None:
+    """Add the sign plane's bits (1 where set) to the integer `counts` in place."""
+    _split(counts.size, _count_bits, lambda lo, hi: (signs[lo // 8:(hi + 7) // 8],
+                                                     counts[lo:hi]))
+
+
 # -- natural compression, nat9 -------------------------------------------------------------
+_BLOCK = 4096  # elements per block: a multiple of 8, so blocks hold whole packed groups
 @numba.njit(cache=True, nogil=True)
 def _nat9_encode(bits, exps, signs, start, k1, k2, rmask, rconst):  # pragma: no cover
     top = U32(0)
@@ -203,8 +222,9 @@ def nat9_encode(bits: np.ndarray, key: int, stochastic: bool) -> tuple[np.ndarra
     return exps, signs, int(max(tops))
 
 
-@numba.njit(cache=True, nogil=True)
-def _nat9_decode(exps, signs, out):  # pragma: no cover - compiled
+@numba.njit(inline="always")
+def _nat9_patterns(exps, signs, out):  # pragma: no cover - compiled
+    """(sign << 31) | (exponent << 23) into the uint32 `out`; the largest exponent byte."""
     top = U8(0)
     for k in range(exps.size):
         top = max(top, exps[k])
@@ -226,19 +246,40 @@ def _nat9_decode(exps, signs, out):  # pragma: no cover - compiled
     return top
 
 
-def nat9_decode(exps: np.ndarray, signs: np.ndarray) -> tuple[np.ndarray, int]:
+@numba.njit(cache=True, nogil=True)
+def _nat9_decode(exps, signs, out):  # pragma: no cover - compiled
+    return _nat9_patterns(exps, signs, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _nat9_add(exps, signs, out):  # pragma: no cover - compiled
+    """out += the decoded float32 values, through a block of patterns that stays in cache."""
+    patterns = np.empty(_BLOCK, dtype=np.uint32)
+    values = patterns.view(np.float32)
+    top = U8(0)
+    for b0 in range(0, out.size, _BLOCK):
+        m = min(_BLOCK, out.size - b0)
+        top = max(top, _nat9_patterns(exps[b0:b0 + m], signs[b0 // 8:(b0 + m + 7) // 8],
+                                      patterns[:m]))
+        for j in range(m):
+            out[b0 + j] += values[j]
+    return top
+
+
+def nat9_decode(exps: np.ndarray, signs: np.ndarray,
+                add_to: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """(float32 patterns (sign << 31) | (exponent << 23) as uint32, largest exponent byte);
-    255 is a reserved code the caller rejects."""
-    out = np.empty(exps.size, dtype=np.uint32)
+    255 is a reserved code the caller rejects. With `add_to` (float32) the decoded values
+    are added to it in place and it is returned instead."""
+    out = np.empty(exps.size, dtype=np.uint32) if add_to is None else add_to
     if exps.size == 0:
         return out, 0
-    tops = _split(exps.size, _nat9_decode,
+    tops = _split(exps.size, _nat9_decode if add_to is None else _nat9_add,
                   lambda lo, hi: (exps[lo:hi], signs[lo // 8:(hi + 7) // 8], out[lo:hi]))
     return out, int(max(tops))
 
 
 # -- dithering ----------------------------------------------------------------------------
-_BLOCK = 4096  # elements per block: a multiple of 8, so blocks hold whole packed groups
 
 
 @numba.njit(inline="always")
@@ -307,10 +348,13 @@ def dither_encode(x: np.ndarray, scale: np.ndarray, bucket: int, units: float, n
 
 
 @numba.njit(cache=True, nogil=True)
-def _dither_decode(signs, codes, table, norms, bucket, start, bits, out):  # pragma: no cover
-    """Per block: signed levels table[code], then times the bucket norms."""
+def _dither_decode(signs, codes, table, norms, bucket, start, bits, out,
+                   add):  # pragma: no cover - compiled
+    """Per block: signed levels table[code], then times the bucket norms, stored in `out`
+    or (`add`) added to it."""
     top = U64(0)
     mask = U64((1 << bits) - 1)
+    levels = np.empty(_BLOCK, dtype=np.float32)
     for b0 in range(0, out.size, _BLOCK):
         m = min(_BLOCK, out.size - b0)
         g0 = b0 // 8
@@ -324,29 +368,35 @@ def _dither_decode(signs, codes, table, norms, bucket, start, bits, out):  # pra
                 code = (word >> U64(bits * lane)) & mask
                 top = max(top, code)
                 level = table[min(code, U64(table.size - 1))]
-                out[b0 + 8 * g + lane] = -level if (s >> U8(lane)) & U8(1) else level
+                levels[8 * g + lane] = -level if (s >> U8(lane)) & U8(1) else level
         k = 0
         while k < m:  # segments of one bucket: a constant norm
             index = (start + b0 + k) // bucket
             end = min(m, (index + 1) * bucket - start - b0)
             norm = norms[index]
-            for j in range(b0 + k, b0 + end):
-                out[j] *= norm
+            if add:
+                for j in range(k, end):
+                    out[b0 + j] += levels[j] * norm
+            else:
+                for j in range(k, end):
+                    out[b0 + j] = levels[j] * norm
             k = end
     return top
 
 
 def dither_decode(signs: np.ndarray, codes: np.ndarray, table: np.ndarray, norms: np.ndarray,
-                  bucket: int, n: int, bits: int) -> tuple[np.ndarray, int]:
+                  bucket: int, n: int, bits: int,
+                  add_to: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """(float32 values, largest level code) from the dithering planes (`bits` <= 8), with
     `table[c]` the level of code c (codes past the table are reported through the largest
-    code, which the caller rejects)."""
-    out = np.empty(n, dtype=np.float32)
+    code, which the caller rejects). With `add_to` (float32, n values) the values are added
+    to it in place and it is returned instead."""
+    out = np.empty(n, dtype=np.float32) if add_to is None else add_to
     if n == 0:
         return out, 0
     tops = _split(n, _dither_decode, lambda lo, hi: (
         signs[lo // 8:(hi + 7) // 8], codes[lo // 8 * bits:(hi + 7) // 8 * bits], table, norms,
-        bucket, lo, bits, out[lo:hi]))
+        bucket, lo, bits, out[lo:hi], add_to is not None))
     return out, int(max(tops))
 
 

@@ -181,8 +181,9 @@ def to_bytes(tensors: Sequence[torch.Tensor], device: torch.device | None = None
 def from_bytes(buf: torch.Tensor, numels: Sequence[int],
                like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Split `buf` into tensors with the dtypes and trailing dimensions of `like` and the
-    element counts `numels` (the leading dimension may differ from `like`). Raises
-    `PayloadError` if the counts do not fit the buffer exactly."""
+    element counts `numels` (the leading dimension may differ from `like`): views of `buf`
+    where the offset suits the dtype, else copies, so `buf` must not change while they are
+    used. Raises `PayloadError` if the counts do not fit the buffer exactly."""
     if len(numels) != len(like):
         raise PayloadError(f"payload has {len(numels)} tensors, expected {len(like)}")
     need = 0
@@ -200,7 +201,10 @@ def from_bytes(buf: torch.Tensor, numels: Sequence[int],
     out, pos = [], 0
     for count, ref in zip(numels, like):
         size = count * ref.element_size()
-        chunk = buf[pos:pos + size].clone().view(ref.dtype)
+        chunk = buf[pos:pos + size]
+        if (buf.storage_offset() + pos) % ref.element_size():  # a view needs alignment
+            chunk = chunk.clone()
+        chunk = chunk.view(ref.dtype)
         shape = (-1, *ref.shape[1:]) if ref.dim() > 1 else (count,) if ref.dim() == 1 else ()
         if ref.dim() == 0 and count != 1:
             raise PayloadError(f"payload scalar arrived with {count} elements")

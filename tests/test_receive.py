@@ -1,0 +1,95 @@
+"""The receiving side of non-summable quantizers: `decompress_add` decodes a payload straight
+into the running sum, and `aggregate` gives the same bits as decompressing every payload and
+adding them in rank order, with the kernels and with the torch paths, on payloads parsed as
+views of a receive buffer at any offset."""
+
+import pytest
+import torch
+
+import grace.stochastic as stochastic
+from grace.registry import COMPRESSORS
+from grace.validation import PayloadError
+from grace.wire import from_bytes, to_bytes
+from tests.quantizer_checks import bound, gaussian
+
+QUANTIZERS = {
+    "natural": {},
+    "natural_dithering": {},
+    "standard_dithering": {},
+    "qsgd": {},
+    "terngrad": {},
+    "efsignsgd": {},
+    "onebit": {},
+    "standard_dithering_buckets": {"bucket": 1000},
+}
+RANKS = 3
+
+
+def make(name):
+    options = dict(QUANTIZERS[name])
+    return bound(COMPRESSORS.get(name.removesuffix("_buckets"))(**options))
+
+
+def payloads_of(name, x):
+    """One payload per rank (independent draws), each parsed from a receive buffer one byte
+    past an aligned start, as a communicator hands them over."""
+    out, ctx = [], None
+    for rank in range(RANKS):
+        compressor = make(name)
+        payload, ctx = compressor.compress(x * (rank + 1), "t")
+        buf = torch.cat([torch.zeros(1, dtype=torch.uint8), to_bytes(payload)])[1:]
+        out.append(from_bytes(buf, [t.numel() for t in payload], payload))
+    return out, ctx
+
+
+def reference(compressor, payloads, ctx):
+    total = compressor.decompress(payloads[0], ctx).clone()
+    for payload in payloads[1:]:
+        total = total + compressor.decompress(payload, ctx)
+    return total / len(payloads)
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "torch"])
+@pytest.mark.parametrize("name", sorted(QUANTIZERS))
+def test_aggregate_is_the_mean_of_the_decompressions(name, kernels, monkeypatch):
+    monkeypatch.setattr(stochastic, "KERNELS", kernels)
+    x = gaussian(13 * 80663).view(-1, 13)  # over PARALLEL_MIN (split over threads), odd tail
+    compressor = make(name)
+    payloads, ctx = payloads_of(name, x)
+    assert torch.equal(compressor.aggregate(payloads, ctx), reference(compressor, payloads, ctx))
+
+
+@pytest.mark.parametrize("name", sorted(QUANTIZERS))
+def test_decompress_add_keeps_the_dtype_and_adds_in_place(name):
+    compressor = make(name)
+    x = gaussian(1000).double()
+    payload, ctx = compressor.compress(x, "t")
+    out = torch.ones(1000, dtype=torch.float64)
+    compressor.decompress_add(payload, ctx, out)
+    assert torch.equal(out, 1 + compressor.decompress(payload, ctx))
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "torch"])
+def test_majority_vote_counts_every_rank(kernels, monkeypatch):
+    monkeypatch.setattr(stochastic, "KERNELS", kernels)
+    compressor = bound(COMPRESSORS.get("signsgd")())
+    grads = [gaussian(2**20 + 3, seed=s) for s in range(5)]
+    payloads = [compressor.compress(g, "t")[0] for g in grads]
+    _, ctx = compressor.compress(grads[0], "t")
+    votes = sum(torch.where(torch.signbit(g), -1.0, 1.0) for g in grads)
+    assert torch.equal(compressor.aggregate(payloads, ctx), torch.sign(votes))
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "torch"])
+def test_reserved_codes_are_refused_when_adding(kernels, monkeypatch):
+    monkeypatch.setattr(stochastic, "KERNELS", kernels)
+    natural, dithering = make("natural"), make("natural_dithering")
+    x = gaussian(64)
+    payload, ctx = natural.compress(x, "t")
+    with pytest.raises(PayloadError, match="reserved exponent code 255"):
+        natural.decompress_add((torch.full_like(payload[0], 255), payload[1]), ctx,
+                               torch.zeros(64))
+    (norms, signs, codes), ctx = dithering.compress(x, "t")
+    with pytest.raises(PayloadError, match="codes above"):
+        dithering.decompress_add((norms, signs, torch.full_like(codes, 255)), ctx,
+                                 torch.zeros(64))
