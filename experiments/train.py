@@ -326,6 +326,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     mode = exchange_mode(cfg)
     per_bucket = mode != "step"
     counter = contextlib.nullcontext()
+    exchange: GradientExchange | None = None  # PyTorch's hooks have none
     if per_bucket:
         net: nn.Module = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -335,8 +336,8 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
             counter = AllreduceCounter(net, grace.metrics,
                                        hooked=grace.compressor.registry_name != "none")
         else:
-            register_comm_hook(net, grace, optimizer, weight_decay=decay,
-                               asynchronous=mode == "hook")
+            exchange = register_comm_hook(net, grace, optimizer, weight_decay=decay,
+                                          asynchronous=mode == "hook")
     else:
         net = model
         broadcast_state(model)
@@ -417,13 +418,14 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                 with counter:
                     loss = task.loss(net(x), y)
                     loss.backward()
-                if not per_bucket:
+                if exchange is not None and not per_bucket:
                     exchange.step()
             except (NonFiniteError, RuntimeError) as err:
-                if not nonfinite(err):
+                cause = (exchange.error if exchange is not None else None) or err
+                if not isinstance(cause, NonFiniteError):
                     raise
                 # name the step: a gradient overflowed, not only a tensor
-                raise watch.diverged(step + 1, epoch, loss.item(), err) from err
+                raise watch.diverged(step + 1, epoch, loss.item(), cause) from err
             optimizer.step()
             loss_value = loss.item()
             watch.loss(step + 1, epoch, loss_value)
@@ -465,12 +467,6 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
         print(format_summary(summary, run_dir), flush=True)
         if summary["collapse"]:
             print(f"!! {summary['collapse']['message']}", flush=True)
-
-
-def nonfinite(err: BaseException) -> bool:
-    """Whether `err` reports a non-finite gradient: raised by the exchange itself, or in the
-    DDP hook, whose errors DDP raises again as a RuntimeError that names the original."""
-    return isinstance(err, NonFiniteError) or "NonFiniteError" in str(err)
 
 
 def slowest(seconds: float, device: torch.device) -> float:

@@ -92,7 +92,10 @@ class GradientExchange:
     the gradients divided by its current scale and the means are multiplied back, so the
     compression state (residuals, momentum, clipping thresholds) is in the gradients' own
     units whatever the loss scale; build the pipeline with ``check_finite=False`` so the
-    scaler's overflow steps pass through (`Grace`)."""
+    scaler's overflow steps pass through (`Grace`).
+
+    `error`: the exception the hook's exchange raised in the current step, of its own type
+    (DDP raises a hook's error again as a RuntimeError that only quotes it)."""
 
     def __init__(self, grace: Grace, model: nn.Module,
                  optimizer: torch.optim.Optimizer | None = None, *, weight_decay: float = 0.0,
@@ -111,6 +114,7 @@ class GradientExchange:
         self.scaler = scaler
         self.scale = 1.0  # the scaler's scale during the current step
         self.tail = TailTimer(grace.metrics)
+        self.error: BaseException | None = None
         self._waiting: list[tuple[list[str], list[torch.Tensor], list[torch.Tensor],
                                   dist.GradBucket, torch.futures.Future[torch.Tensor]]] = []
 
@@ -151,7 +155,15 @@ class GradientExchange:
     def bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """The hook's work for one bucket: a future of the averaged bucket buffer."""
         if bucket.index() == 0:  # DDP hands buckets over in index order
+            self.error = None
             self.begin_step()
+        try:
+            return self._bucket(bucket)
+        except BaseException as err:
+            self.error = err
+            raise
+
+    def _bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         params = bucket.parameters()
         grads = bucket.gradients()
         names = [self.names[id(p)] for p in params]
@@ -167,7 +179,11 @@ class GradientExchange:
         last = bucket.is_last()
 
         def write_back(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-            means = done.value()
+            try:
+                means = done.value()
+            except BaseException as err:
+                self.error = err
+                raise
             if last and exchange.submitted:
                 self.tail.mark("communicated", exchange.waited_until)
             for grad, mean in zip(grads, means):

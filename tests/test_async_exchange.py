@@ -136,3 +136,23 @@ def test_a_rank_dying_during_an_async_exchange_fails_the_training_loop(tmp_path)
         run_ranks(die_in_backward, 2, str(out), timeout_s=120)
     text = out.read_text()
     assert "exchange" in text and "rank 0" in text, text
+
+
+def nan_in_backward(rank, world_size):
+    from grace.validation import NonFiniteError
+    for asynchronous in (True, False):
+        model = DistributedDataParallel(make_model(), bucket_cap_mb=1e-4)
+        state = register_comm_hook(model, grace.build({"name": "topk", "ratio": 0.1}),
+                                   asynchronous=asynchronous)
+        x = torch.randn(8, 12)
+        model(x).sum().backward()
+        assert state.error is None
+        x[0, 0] = float("nan")
+        with pytest.raises(Exception):  # noqa: B017 - DDP may re-raise it as a RuntimeError
+            model(x).sum().backward()
+        assert isinstance(state.error, NonFiniteError), repr(state.error)
+        assert "NaN" in str(state.error)
+
+
+def test_the_hook_keeps_its_own_error_for_the_loop():
+    run_ranks(nan_in_backward, 2)
