@@ -347,28 +347,46 @@ def dither_encode(x: np.ndarray, scale: np.ndarray, bucket: int, units: float, n
     return signs, codes
 
 
+@numba.njit(inline="always")
+def _group_word(codes, g, bits):  # pragma: no cover - compiled
+    """The `bits` bytes of packed group g (8 codes) as one word; bytes past the end are 0."""
+    word = U64(0)
+    for b in range(min(bits, codes.size - g * bits)):
+        word |= U64(codes[g * bits + b]) << U64(8 * b)
+    return word
+
+
 @numba.njit(cache=True, nogil=True)
-def _dither_decode(signs, codes, table, norms, bucket, start, bits, out,
+def _dither_decode(signs, codes, signed, norms, bucket, start, width, out,
                    add):  # pragma: no cover - compiled
-    """Per block: signed levels table[code], then times the bucket norms, stored in `out`
-    or (`add`) added to it."""
+    """Per block: the signed levels signed[code | negative << bits], then times the bucket
+    norms, stored in `out` or (`add`) added to it. `width` is a tuple of `bits` items, so
+    bits = len(width) is a constant of each compiled kernel and the unpacking of a group
+    of 8 codes vectorises."""
+    bits = len(width)
     top = U64(0)
     mask = U64((1 << bits) - 1)
     levels = np.empty(_BLOCK, dtype=np.float32)
     for b0 in range(0, out.size, _BLOCK):
         m = min(_BLOCK, out.size - b0)
         g0 = b0 // 8
-        for g in range((m + 7) // 8):
+        for g in range(m // 8):
             word = U64(0)
             for b in range(bits):
-                if (g0 + g) * bits + b < codes.size:
-                    word |= U64(codes[(g0 + g) * bits + b]) << U64(8 * b)
-            s = signs[g0 + g]
-            for lane in range(min(8, m - 8 * g)):
+                word |= U64(codes[(g0 + g) * bits + b]) << U64(8 * b)
+            s = U64(signs[g0 + g])
+            for lane in range(8):
                 code = (word >> U64(bits * lane)) & mask
                 top = max(top, code)
-                level = table[min(code, U64(table.size - 1))]
-                levels[8 * g + lane] = -level if (s >> U8(lane)) & U8(1) else level
+                levels[8 * g + lane] = signed[code | (((s >> U64(lane)) & U64(1)) << U64(bits))]
+        if m % 8:  # the part's last, partial group
+            g = m // 8
+            word = _group_word(codes, g0 + g, bits)
+            s = U64(signs[g0 + g])
+            for lane in range(m % 8):
+                code = (word >> U64(bits * lane)) & mask
+                top = max(top, code)
+                levels[8 * g + lane] = signed[code | (((s >> U64(lane)) & U64(1)) << U64(bits))]
         k = 0
         while k < m:  # segments of one bucket: a constant norm
             index = (start + b0 + k) // bucket
@@ -388,15 +406,18 @@ def dither_decode(signs: np.ndarray, codes: np.ndarray, table: np.ndarray, norms
                   bucket: int, n: int, bits: int,
                   add_to: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """(float32 values, largest level code) from the dithering planes (`bits` <= 8), with
-    `table[c]` the level of code c (codes past the table are reported through the largest
-    code, which the caller rejects). With `add_to` (float32, n values) the values are added
-    to it in place and it is returned instead."""
+    `table[c]` the level of code c (codes past the table decode to 0 and are reported
+    through the largest code, which the caller rejects). With `add_to` (float32, n values)
+    the values are added to it in place and it is returned instead."""
     out = np.empty(n, dtype=np.float32) if add_to is None else add_to
     if n == 0:
         return out, 0
+    magnitudes = np.zeros(1 << bits, dtype=np.float32)
+    magnitudes[:min(table.size, 1 << bits)] = table[:1 << bits]
+    signed = np.concatenate([magnitudes, -magnitudes])  # index: code | negative << bits
     tops = _split(n, _dither_decode, lambda lo, hi: (
-        signs[lo // 8:(hi + 7) // 8], codes[lo // 8 * bits:(hi + 7) // 8 * bits], table, norms,
-        bucket, lo, bits, out[lo:hi], add_to is not None))
+        signs[lo // 8:(hi + 7) // 8], codes[lo // 8 * bits:(hi + 7) // 8 * bits], signed,
+        norms, bucket, lo, (0,) * bits, out[lo:hi], add_to is not None))
     return out, int(max(tops))
 
 
