@@ -24,6 +24,7 @@ are rejected as reserved.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -154,45 +155,50 @@ class Dithering(Compressor):
         return (sent, signs, pack_uint(codes, self.code_bits, check=False)), info
 
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
-        return self._decode(payload, ctx, None)
+        return self._decode([payload], ctx)
 
-    def decompress_add(self, payload: Payload, ctx: TensorInfo, out: torch.Tensor) -> None:
-        self._decode(payload, ctx, out)
+    def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
+        if ctx.dtype == torch.float32 and self._fused(payloads[0]):
+            return self._decode(payloads, ctx).div_(len(payloads))
+        return super().aggregate(payloads, ctx)
 
-    def _decode(self, payload: Payload, ctx: TensorInfo,
-                add_to: torch.Tensor | None) -> torch.Tensor:
-        """The decompression, or (`add_to`) `add_to` plus it, in place: one fused pass over
-        it with the kernels."""
+    def _fused(self, payload: Payload) -> bool:
+        """Whether the kernels decode this payload (codes of up to 8 bits, on CPU)."""
+        return self.code_bits <= 8 and use_kernels(payload[0])
+
+    def _decode(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
+        """The sum of the payloads' decompressions in rank order, decoded into one sum a
+        block at a time by the kernels; outside them, one payload's decompression."""
         n = ctx.numel
-        if len(payload) != 3:
-            raise PayloadError(f"{self.label} payload has {len(payload)} tensors, expected 3")
-        norms, signs, packed = payload
-        size, count = self.buckets(n) if n else (1, 0)
-        expect_payload(norms, count, torch.float32, "dithering norms")
-        expect_payload(signs, packed_nbytes(n, 1), torch.uint8, "dithering sign plane")
-        expect_payload(packed, packed_nbytes(n, self.code_bits), torch.uint8,
-                       "dithering level plane")
+        for payload in payloads:
+            if len(payload) != 3:
+                raise PayloadError(f"{self.label} payload has {len(payload)} tensors, "
+                                   "expected 3")
+            norms, signs, packed = payload
+            expect_payload(norms, self.buckets(n)[1] if n else 0, torch.float32,
+                           "dithering norms")
+            expect_payload(signs, packed_nbytes(n, 1), torch.uint8, "dithering sign plane")
+            expect_payload(packed, packed_nbytes(n, self.code_bits), torch.uint8,
+                           "dithering level plane")
         if n == 0:
-            return torch.empty(ctx.shape, dtype=ctx.dtype, device=norms.device)
-        if self.code_bits <= 8 and use_kernels(norms) and (
-                add_to is None or (use_kernels(add_to) and add_to.is_contiguous())):
-            from grace.kernels import dither_decode
+            return torch.empty(ctx.shape, dtype=ctx.dtype, device=payloads[0][0].device)
+        size, _ = self.buckets(n)
+        if self._fused(payloads[0]):
+            from grace.kernels import dither_sum
 
             table = self.level_values(torch.arange(self.levels + 1, dtype=self.code_dtype))
-            values, top = dither_decode(
-                signs.numpy(), packed.numpy(), table.numpy(), norms.numpy(), size, n,
-                self.code_bits, None if add_to is None else add_to.view(-1).numpy())
+            values, top = dither_sum(tuple(p[1].numpy() for p in payloads),
+                                     tuple(p[2].numpy() for p in payloads),
+                                     tuple(p[0].numpy() for p in payloads), table.numpy(),
+                                     size, n, self.code_bits)
             self._check_codes(top)
-            if add_to is None:
-                return torch.from_numpy(values).to(ctx.dtype).view(ctx.shape)
-            return add_to
+            return torch.from_numpy(values).to(ctx.dtype).view(ctx.shape)
+        (norms, signs, packed), = payloads
         codes = unpack_uint(packed, self.code_bits, n, dtype=self.code_dtype)
         self._check_codes(int(codes.max()))
         out = self.level_values(codes)
         out = scale_buckets_(torch.where(unpack_bits(signs, n), -out, out), norms, size)
-        if add_to is None:
-            return out.to(ctx.dtype).view(ctx.shape)
-        return add_to.add_(out.view(add_to.shape))
+        return out.to(ctx.dtype).view(ctx.shape)
 
     def _check_codes(self, top: int) -> None:
         if top > self.levels:

@@ -137,7 +137,7 @@ class Natural(Compressor):
         if self.wire == "nat9":
             return (exps, signs), info
         if self.wire == "float32":
-            return (decode_nat9(exps, signs),), info
+            return (sum_nat9([(exps, signs)]),), info
         zero, offset, negative = self._clip(exps, signs, key, name)
         if self.wire == "nat8":
             code = (negative.to(torch.uint8) << 7) | (zero.to(torch.uint8) << 6) | offset
@@ -239,7 +239,7 @@ class Natural(Compressor):
             sign = torch.where(codes >> 11 == 1, -(2**63), 0)
             return ((exps << 52) | sign).view(torch.float64).view(ctx.shape)
         if self.wire == "nat9":
-            out = decode_nat9(*nat9_planes(payload, n))
+            out = sum_nat9([nat9_planes(payload, n)])
         elif self.wire == "float32":
             expect_payload(payload[0], n, torch.float32, "natural float32 payload")
             out = payload[0]
@@ -250,13 +250,11 @@ class Natural(Compressor):
             out = torch.ldexp(payload[0].double(), torch.tensor(float(self.e_min)))
         return out.to(ctx.dtype).view(ctx.shape)
 
-    def decompress_add(self, payload: Payload, ctx: TensorInfo, out: torch.Tensor) -> None:
-        """nat9 into float32: decoded and added in one pass over `out` (kernels)."""
-        if not (self.wire == "nat9" and ctx.dtype == out.dtype == torch.float32
-                and out.is_contiguous()):
-            super().decompress_add(payload, ctx, out)
-            return
-        decode_nat9(*nat9_planes(payload, ctx.numel), out.view(-1))
+    def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
+        if self.wire == "nat9" and ctx.dtype == torch.float32:
+            total = sum_nat9([nat9_planes(p, ctx.numel) for p in payloads])
+            return total.div_(len(payloads)).view(ctx.shape)
+        return super().aggregate(payloads, ctx)
 
     def _decode_nat8(self, code: torch.Tensor, n: int) -> torch.Tensor:
         expect_payload(code, n, torch.uint8, "nat8 payload")
@@ -283,25 +281,27 @@ def nat9_planes(payload: Payload, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return payload[0], payload[1]
 
 
-def decode_nat9(exps: torch.Tensor, signs: torch.Tensor,
-                add_to: torch.Tensor | None = None) -> torch.Tensor:
-    """float32 tensor (sign << 31) | (exponent << 23) from the nat9 planes, or with `add_to`
-    (a flat contiguous float32 tensor) that tensor plus it, in place (one pass over it with
-    the kernels); the reserved exponent code 255 raises `PayloadError`."""
-    n = exps.numel()
-    if kernels_enabled(exps.device):
-        from grace.kernels import nat9_decode
+def sum_nat9(planes: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The sum, in rank order, of the float32 values (sign << 31) | (exponent << 23) of
+    nat9 planes (exponents, signs): one pair decodes one payload; the kernels decode every
+    pair into one sum a block at a time. The reserved exponent code 255 raises
+    `PayloadError`."""
+    n = planes[0][0].numel()
+    if kernels_enabled(planes[0][0].device):
+        from grace.kernels import nat9_sum
 
-        bits, top = nat9_decode(exps.contiguous().numpy(), signs.contiguous().numpy(),
-                                None if add_to is None else add_to.numpy())
-        out = add_to if add_to is not None else torch.from_numpy(bits.view(np.float32))
+        values, top = nat9_sum(tuple(e.contiguous().numpy() for e, _ in planes),
+                               tuple(s.contiguous().numpy() for _, s in planes), n)
+        total = torch.from_numpy(values)
     else:
-        bits = (exps.to(torch.int32) << 23) | sign_bits(unpack_bits(signs, n))
-        out = bits.view(torch.float32)
-        top = int(exps.max()) if n else 0
+        total, top = torch.zeros(n), 0
+        for i, (exps, signs) in enumerate(planes):
+            bits = (exps.to(torch.int32) << 23) | sign_bits(unpack_bits(signs, n))
+            total = bits.view(torch.float32) if i == 0 else total.add_(bits.view(torch.float32))
+            top = max(top, int(exps.max()) if n else 0)
     if top == 255:
         raise PayloadError("nat9 payload holds the reserved exponent code 255")
-    return out if add_to is None or out is add_to else add_to.add_(out)
+    return total
 
 
 def sign_bits(negative: torch.Tensor) -> torch.Tensor:

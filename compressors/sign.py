@@ -71,30 +71,33 @@ class SignCompressor(Compressor):
             expect_payload(payload[1], self.num_scales, torch.float32, "sign scales")
 
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
-        return self._decode(payload, ctx, None)
+        return self._sum([payload], ctx)
 
-    def decompress_add(self, payload: Payload, ctx: TensorInfo, out: torch.Tensor) -> None:
-        self._decode(payload, ctx, out)
+    def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
+        if ctx.dtype == torch.float32:
+            return self._sum(payloads, ctx).div_(len(payloads))
+        return super().aggregate(payloads, ctx)
 
-    def _decode(self, payload: Payload, ctx: TensorInfo,
-                add_to: torch.Tensor | None) -> torch.Tensor:
-        """The decompression, or (`add_to`) `add_to` plus it, in place: one pass over it
-        with the kernels."""
-        self.check(payload, ctx)
-        signs = payload[0]
-        scales = payload[1] if self.num_scales else signs.new_empty(0, dtype=torch.float32)
-        low, high = self.values(scales).tolist()
-        target = ctx.dtype if add_to is None else add_to.dtype
-        if target == torch.float32 and kernels_enabled(signs.device) and (
-                add_to is None or add_to.is_contiguous()):
-            from grace.kernels import unpack_signs
+    def _sum(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
+        """The sum of the payloads' decompressions in rank order (with the kernels, decoded
+        into one sum a block at a time)."""
+        for payload in payloads:
+            self.check(payload, ctx)
+        empty = payloads[0][0].new_empty(0, dtype=torch.float32)
+        lows, highs = torch.stack([self.values(p[1] if self.num_scales else empty)
+                                   for p in payloads]).T
+        if ctx.dtype == torch.float32 and kernels_enabled(payloads[0][0].device):
+            from grace.kernels import signs_sum
 
-            out = torch.from_numpy(unpack_signs(signs.numpy(), ctx.numel, low, high,
-                                                None if add_to is None else
-                                                add_to.view(-1).numpy()))
-            return out.view(ctx.shape) if add_to is None else add_to
-        out = torch.where(unpack_bits(signs, ctx.numel), low, high).to(target).view(ctx.shape)
-        return out if add_to is None else add_to.add_(out)
+            return torch.from_numpy(signs_sum(tuple(p[0].numpy() for p in payloads),
+                                              lows.contiguous().numpy(),
+                                              highs.contiguous().numpy(),
+                                              ctx.numel)).view(ctx.shape)
+        total = None
+        for payload, low, high in zip(payloads, lows.tolist(), highs.tolist()):
+            out = torch.where(unpack_bits(payload[0], ctx.numel), low, high).to(ctx.dtype)
+            total = out if total is None else total.add_(out)
+        return total.view(ctx.shape)
 
 
 @dataclass(frozen=True)

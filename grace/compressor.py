@@ -144,18 +144,13 @@ class Compressor(ABC):
         answer exactly."""
         return self.decompress(payload, ctx).reshape(-1) != 0
 
-    def decompress_add(self, payload: Payload, ctx: Any, out: torch.Tensor) -> None:
-        """Add the decompression of `payload` to `out` in place (the receiving side of a
-        non-summable exchange, once per rank). By default `decompress`, then add; quantizers
-        decode straight into `out`, one pass over it per rank."""
-        out.add_(self.decompress(payload, ctx))
-
     def aggregate(self, payloads: Sequence[Payload], ctx: Any) -> torch.Tensor:
         """Mean over ranks of the decompressed payloads (in rank order, so every rank
-        computes the same bits). Sparse methods override this with one scatter."""
+        computes the same bits). Sparse methods override this with one scatter, quantizers
+        with kernels that decode every rank's payload into one sum a block at a time."""
         total = self.decompress(payloads[0], ctx).clone()  # a decompression may be a view
         for payload in payloads[1:]:
-            self.decompress_add(payload, ctx, total)
+            total.add_(self.decompress(payload, ctx))
         return total.div_(len(payloads))
 
     def warm_up(self) -> None:

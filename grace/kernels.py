@@ -3,10 +3,14 @@ extra). Each has a torch implementation elsewhere that gives the same bits; call
 the kernel for contiguous float32 CPU tensors when numba is importable.
 
 - the counter generator of `grace.stochastic` (`hash_array`, `uniform_array`);
-- sign planes (`pack_signs`, `unpack_signs`), as `grace.wire.pack_bits(x < 0)` would write;
-- natural compression fused with its 9-bit wire format (`nat9_encode`, `nat9_decode`);
-- dithering fused with its wire format (`dither_encode`, `dither_decode`): scale, draw,
+- sign planes (`pack_signs`, `signs_sum`, `count_signs`), as `grace.wire.pack_bits(x < 0)`
+  would write;
+- natural compression fused with its 9-bit wire format (`nat9_encode`, `nat9_sum`);
+- dithering fused with its wire format (`dither_encode`, `dither_sum`): scale, draw,
   round, and write the sign plane and the b-bit level plane (LSB-first) in one pass;
+- the receiving side (`*_sum`): every rank's payload decoded and summed a block at a time,
+  so the sum is written once and each further rank costs a read of its payload and the
+  decode, not a pass over a float32 tensor;
 - shared-seed random subsets (`random_subset`): Random-k's indices by rejection into a
   bitmap, as `gracecomm.compressors.randomk` draws them in torch.
 
@@ -36,6 +40,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 
 U32, U64, U8, F32 = np.uint32, np.uint64, np.uint8, np.float32
 PARALLEL_MIN = 1 << 20
+_BLOCK = 4096  # elements per block (stays in cache): a multiple of 8, whole packed groups
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 
 
@@ -158,22 +163,34 @@ def pack_signs(x: np.ndarray, sums: bool) -> tuple[np.ndarray, int, float, float
 
 
 @numba.njit(cache=True, nogil=True)
-def _unsigns(signs, out, low, high, add):  # pragma: no cover - compiled
-    if add:
-        for k in range(out.size):
-            out[k] += low if (signs[k >> 3] >> U8(k & 7)) & U8(1) else high
-    else:
-        for k in range(out.size):
-            out[k] = low if (signs[k >> 3] >> U8(k & 7)) & U8(1) else high
+def _signs_sum(signs, lows, highs, out, lo, hi):  # pragma: no cover - compiled
+    """out[lo:hi] = the sum over ranks r of lows[r] where rank r's sign bit is set, else
+    highs[r]; a block at a time, so `out` is written once whatever the number of ranks.
+    Whole groups of 8 take one sign byte each (the 8 selects vectorise)."""
+    for b0 in range(lo, hi, _BLOCK):
+        b1 = min(hi, b0 + _BLOCK)
+        g1 = b0 // 8 + (b1 - b0) // 8
+        for r in range(len(signs)):
+            plane, low, high = signs[r], lows[r], highs[r]
+            for g in range(b0 // 8, g1):
+                s = plane[g]
+                if r == 0:
+                    for lane in range(8):
+                        out[8 * g + lane] = low if (s >> U8(lane)) & U8(1) else high
+                else:
+                    for lane in range(8):
+                        out[8 * g + lane] += low if (s >> U8(lane)) & U8(1) else high
+            for k in range(8 * g1, b1):  # the tensor's last, partial group
+                value = low if (plane[k >> 3] >> U8(k & 7)) & U8(1) else high
+                out[k] = value if r == 0 else out[k] + value
 
 
-def unpack_signs(signs: np.ndarray, n: int, low: float, high: float,
-                 add_to: np.ndarray | None = None) -> np.ndarray:
-    """float32 array of n values: `low` where the sign bit is set, else `high`; with
-    `add_to` (float32, n values) those values are added to it in place and it is returned."""
-    out = np.empty(n, dtype=np.float32) if add_to is None else add_to
-    _split(n, _unsigns, lambda lo, hi: (signs[lo // 8:(hi + 7) // 8], out[lo:hi], F32(low),
-                                        F32(high), add_to is not None))
+def signs_sum(signs: tuple[np.ndarray, ...], lows: np.ndarray, highs: np.ndarray,
+              n: int) -> np.ndarray:
+    """float32 array of n values: the sum over ranks, in rank order, of `lows[r]` where rank
+    r's sign plane has the bit set, else `highs[r]` (one rank: the decoded plane)."""
+    out = np.empty(n, dtype=np.float32)
+    _split(n, _signs_sum, lambda lo, hi: (signs, lows, highs, out, lo, hi))
     return out
 
 
@@ -190,7 +207,6 @@ def count_signs(signs: np.ndarray, counts: np.ndarray) -> None:
 
 
 # -- natural compression, nat9 -------------------------------------------------------------
-_BLOCK = 4096  # elements per block: a multiple of 8, so blocks hold whole packed groups
 @numba.njit(cache=True, nogil=True)
 def _nat9_encode(bits, exps, signs, start, k1, k2, rmask, rconst):  # pragma: no cover
     top = U32(0)
@@ -247,35 +263,34 @@ def _nat9_patterns(exps, signs, out):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _nat9_decode(exps, signs, out):  # pragma: no cover - compiled
-    return _nat9_patterns(exps, signs, out)
-
-
-@numba.njit(cache=True, nogil=True)
-def _nat9_add(exps, signs, out):  # pragma: no cover - compiled
-    """out += the decoded float32 values, through a block of patterns that stays in cache."""
+def _nat9_sum(exps, signs, out, lo, hi):  # pragma: no cover - compiled
+    """out[lo:hi] = the sum over ranks of the decoded float32 values, a block of patterns
+    (in cache) at a time; the largest exponent byte."""
     patterns = np.empty(_BLOCK, dtype=np.uint32)
     values = patterns.view(np.float32)
     top = U8(0)
-    for b0 in range(0, out.size, _BLOCK):
-        m = min(_BLOCK, out.size - b0)
-        top = max(top, _nat9_patterns(exps[b0:b0 + m], signs[b0 // 8:(b0 + m + 7) // 8],
-                                      patterns[:m]))
-        for j in range(m):
-            out[b0 + j] += values[j]
+    for b0 in range(lo, hi, _BLOCK):
+        m = min(_BLOCK, hi - b0)
+        for r in range(len(exps)):
+            top = max(top, _nat9_patterns(exps[r][b0:b0 + m],
+                                          signs[r][b0 // 8:(b0 + m + 7) // 8], patterns[:m]))
+            if r == 0:
+                out[b0:b0 + m] = values[:m]
+            else:
+                for j in range(m):
+                    out[b0 + j] += values[j]
     return top
 
 
-def nat9_decode(exps: np.ndarray, signs: np.ndarray,
-                add_to: np.ndarray | None = None) -> tuple[np.ndarray, int]:
-    """(float32 patterns (sign << 31) | (exponent << 23) as uint32, largest exponent byte);
-    255 is a reserved code the caller rejects. With `add_to` (float32) the decoded values
-    are added to it in place and it is returned instead."""
-    out = np.empty(exps.size, dtype=np.uint32) if add_to is None else add_to
-    if exps.size == 0:
+def nat9_sum(exps: tuple[np.ndarray, ...], signs: tuple[np.ndarray, ...],
+             n: int) -> tuple[np.ndarray, int]:
+    """(float32 sum over ranks, in rank order, of the values (sign << 31) | (exponent << 23)
+    of the nat9 planes, largest exponent byte); 255 is a reserved code the caller rejects.
+    One rank: the decoded values."""
+    out = np.empty(n, dtype=np.float32)
+    if n == 0:
         return out, 0
-    tops = _split(exps.size, _nat9_decode if add_to is None else _nat9_add,
-                  lambda lo, hi: (exps[lo:hi], signs[lo // 8:(hi + 7) // 8], out[lo:hi]))
+    tops = _split(n, _nat9_sum, lambda lo, hi: (exps, signs, out, lo, hi))
     return out, int(max(tops))
 
 
@@ -356,68 +371,75 @@ def _group_word(codes, g, bits):  # pragma: no cover - compiled
     return word
 
 
-@numba.njit(cache=True, nogil=True)
-def _dither_decode(signs, codes, signed, norms, bucket, start, width, out,
-                   add):  # pragma: no cover - compiled
-    """Per block: the signed levels signed[code | negative << bits], then times the bucket
-    norms, stored in `out` or (`add`) added to it. `width` is a tuple of `bits` items, so
-    bits = len(width) is a constant of each compiled kernel and the unpacking of a group
-    of 8 codes vectorises."""
-    bits = len(width)
+@numba.njit(inline="always")
+def _dither_levels(signs, codes, signed, g0, m, bits, levels):  # pragma: no cover - compiled
+    """The m signed levels signed[code | negative << bits] of the block of packed groups
+    starting at group g0, into `levels`; the largest code."""
     top = U64(0)
     mask = U64((1 << bits) - 1)
-    levels = np.empty(_BLOCK, dtype=np.float32)
-    for b0 in range(0, out.size, _BLOCK):
-        m = min(_BLOCK, out.size - b0)
-        g0 = b0 // 8
-        for g in range(m // 8):
-            word = U64(0)
-            for b in range(bits):
-                word |= U64(codes[(g0 + g) * bits + b]) << U64(8 * b)
-            s = U64(signs[g0 + g])
-            for lane in range(8):
-                code = (word >> U64(bits * lane)) & mask
-                top = max(top, code)
-                levels[8 * g + lane] = signed[code | (((s >> U64(lane)) & U64(1)) << U64(bits))]
-        if m % 8:  # the part's last, partial group
-            g = m // 8
-            word = _group_word(codes, g0 + g, bits)
-            s = U64(signs[g0 + g])
-            for lane in range(m % 8):
-                code = (word >> U64(bits * lane)) & mask
-                top = max(top, code)
-                levels[8 * g + lane] = signed[code | (((s >> U64(lane)) & U64(1)) << U64(bits))]
-        k = 0
-        while k < m:  # segments of one bucket: a constant norm
-            index = (start + b0 + k) // bucket
-            end = min(m, (index + 1) * bucket - start - b0)
-            norm = norms[index]
-            if add:
-                for j in range(k, end):
-                    out[b0 + j] += levels[j] * norm
-            else:
-                for j in range(k, end):
-                    out[b0 + j] = levels[j] * norm
-            k = end
+    for g in range(m // 8):
+        word = U64(0)
+        for b in range(bits):
+            word |= U64(codes[(g0 + g) * bits + b]) << U64(8 * b)
+        s = U64(signs[g0 + g])
+        for lane in range(8):
+            code = (word >> U64(bits * lane)) & mask
+            top = max(top, code)
+            levels[8 * g + lane] = signed[code | (((s >> U64(lane)) & U64(1)) << U64(bits))]
+    if m % 8:  # the tensor's last, partial group
+        g = m // 8
+        word = _group_word(codes, g0 + g, bits)
+        s = U64(signs[g0 + g])
+        for lane in range(m % 8):
+            code = (word >> U64(bits * lane)) & mask
+            top = max(top, code)
+            levels[8 * g + lane] = signed[code | (((s >> U64(lane)) & U64(1)) << U64(bits))]
     return top
 
 
-def dither_decode(signs: np.ndarray, codes: np.ndarray, table: np.ndarray, norms: np.ndarray,
-                  bucket: int, n: int, bits: int,
-                  add_to: np.ndarray | None = None) -> tuple[np.ndarray, int]:
-    """(float32 values, largest level code) from the dithering planes (`bits` <= 8), with
-    `table[c]` the level of code c (codes past the table decode to 0 and are reported
-    through the largest code, which the caller rejects). With `add_to` (float32, n values)
-    the values are added to it in place and it is returned instead."""
-    out = np.empty(n, dtype=np.float32) if add_to is None else add_to
+@numba.njit(cache=True, nogil=True)
+def _dither_sum(signs, codes, norms, signed, bucket, width, out, lo,
+                hi):  # pragma: no cover - compiled
+    """out[lo:hi] = the sum over ranks of the signed levels times their bucket norms, a
+    block at a time. `width` is a tuple of `bits` items, so bits = len(width) is a constant
+    of each compiled kernel and the unpacking of a group of 8 codes vectorises."""
+    bits = len(width)
+    top = U64(0)
+    levels = np.empty(_BLOCK, dtype=np.float32)
+    for b0 in range(lo, hi, _BLOCK):
+        m = min(_BLOCK, hi - b0)
+        for r in range(len(codes)):
+            top = max(top, _dither_levels(signs[r], codes[r], signed, b0 // 8, m, bits, levels))
+            k = 0
+            while k < m:  # segments of one bucket: a constant norm
+                index = (b0 + k) // bucket
+                end = min(m, (index + 1) * bucket - b0)
+                norm = norms[r][index]
+                if r == 0:
+                    for j in range(k, end):
+                        out[b0 + j] = levels[j] * norm
+                else:
+                    for j in range(k, end):
+                        out[b0 + j] += levels[j] * norm
+                k = end
+    return top
+
+
+def dither_sum(signs: tuple[np.ndarray, ...], codes: tuple[np.ndarray, ...],
+               norms: tuple[np.ndarray, ...], table: np.ndarray, bucket: int, n: int,
+               bits: int) -> tuple[np.ndarray, int]:
+    """(float32 sum over ranks, in rank order, of the values of the dithering planes (`bits`
+    <= 8), largest level code), with `table[c]` the level of code c (codes past the table
+    decode to 0 and are reported through the largest code, which the caller rejects). One
+    rank: the decoded values."""
+    out = np.empty(n, dtype=np.float32)
     if n == 0:
         return out, 0
     magnitudes = np.zeros(1 << bits, dtype=np.float32)
     magnitudes[:min(table.size, 1 << bits)] = table[:1 << bits]
     signed = np.concatenate([magnitudes, -magnitudes])  # index: code | negative << bits
-    tops = _split(n, _dither_decode, lambda lo, hi: (
-        signs[lo // 8:(hi + 7) // 8], codes[lo // 8 * bits:(hi + 7) // 8 * bits], signed,
-        norms, bucket, lo, (0,) * bits, out[lo:hi], add_to is not None))
+    tops = _split(n, _dither_sum, lambda lo, hi: (
+        signs, codes, norms, signed, bucket, (0,) * bits, out, lo, hi))
     return out, int(max(tops))
 
 

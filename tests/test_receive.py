@@ -1,7 +1,7 @@
-"""The receiving side of non-summable quantizers: `decompress_add` decodes a payload straight
-into the running sum, and `aggregate` gives the same bits as decompressing every payload and
-adding them in rank order, with the kernels and with the torch paths, on payloads parsed as
-views of a receive buffer at any offset."""
+"""The receiving side of non-summable quantizers: `aggregate`, which the kernels decode into
+one sum a block at a time, gives the same bits as decompressing every payload and adding them
+in rank order, with the kernels and with the torch paths, on payloads parsed as views of a
+receive buffer at any offset, and refuses reserved codes in any rank's payload."""
 
 import pytest
 import torch
@@ -60,13 +60,12 @@ def test_aggregate_is_the_mean_of_the_decompressions(name, kernels, monkeypatch)
 
 
 @pytest.mark.parametrize("name", sorted(QUANTIZERS))
-def test_decompress_add_keeps_the_dtype_and_adds_in_place(name):
+def test_aggregate_keeps_a_float64_tensor_in_float64(name):
     compressor = make(name)
-    x = gaussian(1000).double()
-    payload, ctx = compressor.compress(x, "t")
-    out = torch.ones(1000, dtype=torch.float64)
-    compressor.decompress_add(payload, ctx, out)
-    assert torch.equal(out, 1 + compressor.decompress(payload, ctx))
+    payloads, ctx = payloads_of(name, gaussian(1000).double())
+    total = compressor.aggregate(payloads, ctx)
+    assert total.dtype == torch.float64
+    assert torch.equal(total, reference(compressor, payloads, ctx))
 
 
 @pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "torch"])
@@ -85,11 +84,11 @@ def test_reserved_codes_are_refused_when_adding(kernels, monkeypatch):
     monkeypatch.setattr(stochastic, "KERNELS", kernels)
     natural, dithering = make("natural"), make("natural_dithering")
     x = gaussian(64)
-    payload, ctx = natural.compress(x, "t")
+    good, ctx = natural.compress(x, "t")
+    bad = (torch.full_like(good[0], 255), good[1])
     with pytest.raises(PayloadError, match="reserved exponent code 255"):
-        natural.decompress_add((torch.full_like(payload[0], 255), payload[1]), ctx,
-                               torch.zeros(64))
+        natural.aggregate([good, bad], ctx)
     (norms, signs, codes), ctx = dithering.compress(x, "t")
     with pytest.raises(PayloadError, match="codes above"):
-        dithering.decompress_add((norms, signs, torch.full_like(codes, 255)), ctx,
-                                 torch.zeros(64))
+        dithering.aggregate([(norms, signs, codes), (norms, signs, torch.full_like(codes, 255))],
+                            ctx)
