@@ -158,16 +158,20 @@ class Compressor(ABC):
         that the first training step does not pay for them: a cold cache compiles for
         seconds to tens of seconds, and even a warm one costs numba about 2 s per process to
         set up. The pipeline calls it once when it is built. A copy of the compressor
-        compresses and decompresses a float32 CPU tensor; the compressor, its state and its
+        compresses and decompresses a float32 CPU tensor (and, if not summable, aggregates
+        one payload per rank of its communicator); the compressor, its state and its
         metrics are untouched (other dtypes load their kernels on first use). Methods with
         collectives of their own (``communicators``) or ``model_level`` ones skip it; one
         that cannot compress this tensor stays cold (its first step reports the error)."""
         if self.model_level or self.communicators is not None:
             return
+        ranks = self.comm.world_size if self.comm is not None else 1
         twin = copy.deepcopy(self, {id(self.comm): None})
         try:
             payload, ctx = twin.compress(torch.linspace(-1.0, 1.0, WARM_UP_NUMEL), "warm_up")
             twin.decompress(payload, ctx)
+            if ranks > 1 and not self.summable:  # receive kernels compile per number of ranks
+                twin.aggregate([payload] * ranks, ctx)
         except Exception:  # noqa: BLE001 - a speed-up only: the first step reports any error
             return
 

@@ -25,3 +25,21 @@ def test_warm_up_changes_nothing(name):
     (a, ctx_a), (b, ctx_b) = comp.compress(t, "w"), twin.compress(t, "w")
     assert all(torch.equal(x, y) for x, y in zip(a, b))  # the same first call as without it
     assert torch.equal(comp.decompress(a, ctx_a), twin.decompress(b, ctx_b))
+
+
+class ThreeRanks:
+    world_size = 3
+
+
+@pytest.mark.parametrize("name", ["natural", "qsgd", "onebit"])
+def test_warm_up_aggregates_one_payload_per_rank(name, monkeypatch):
+    """The receive kernels are compiled for the communicator's number of ranks."""
+    comp = make(name)
+    seen = []
+    cls = type(comp)
+    original = cls.aggregate
+    monkeypatch.setattr(cls, "aggregate", lambda self, payloads, ctx: seen.append(
+        len(payloads)) or original(self, payloads, ctx))
+    comp.comm = ThreeRanks()
+    comp.warm_up()
+    assert seen == [3]
