@@ -227,9 +227,10 @@ def _spawned(rank: int, fn: Callable[..., Any], world_size: int, store_port: int
 
 def _stacks(procs: list[Any], paths: list[str]) -> str:
     """The Python stacks of the workers still running (faulthandler's dump on
-    `_STACK_SIGNAL`), waiting up to `_STACK_WAIT_S` for them; empty if none answered (a
-    stopped process cannot)."""
-    alive = [rank for rank, proc in enumerate(procs) if proc.is_alive()]
+    `_STACK_SIGNAL`), waiting up to `_STACK_WAIT_S` for them; stopped ones (SIGSTOP, a
+    debugger) cannot answer and are not asked."""
+    alive = [rank for rank, proc in enumerate(procs)
+             if proc.is_alive() and not _stopped(proc.pid)]
     for rank in alive:
         os.kill(procs[rank].pid, _STACK_SIGNAL)
     deadline = time.monotonic() + _STACK_WAIT_S
@@ -245,6 +246,15 @@ def _stacks(procs: list[Any], paths: list[str]) -> str:
             texts[rank] = text
     return "".join(f"\nStacks of rank {rank}, still running:\n{texts[rank][-_REPORT_CHARS:]}"
                    for rank in alive if texts[rank])
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (Linux: state T or t in /proc; elsewhere False)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
