@@ -166,23 +166,32 @@ def pack_signs(x: np.ndarray, sums: bool) -> tuple[np.ndarray, int, float, float
 def _signs_sum(signs, lows, highs, out, lo, hi):  # pragma: no cover - compiled
     """out[lo:hi] = the sum over ranks r of lows[r] where rank r's sign bit is set, else
     highs[r]; a block at a time, so `out` is written once whatever the number of ranks.
-    Whole groups of 8 take one sign byte each (the 8 selects vectorise)."""
+    Each rank's table of the 8 values of every sign byte turns a group of 8 into one
+    vector load."""
+    tables = np.empty((len(signs), 256, 8), dtype=np.float32)
+    for r in range(len(signs)):
+        for byte in range(256):
+            for lane in range(8):
+                tables[r, byte, lane] = lows[r] if (byte >> lane) & 1 else highs[r]
+    values = np.empty(_BLOCK, dtype=np.float32)
     for b0 in range(lo, hi, _BLOCK):
-        b1 = min(hi, b0 + _BLOCK)
-        g1 = b0 // 8 + (b1 - b0) // 8
+        m = min(_BLOCK, hi - b0)
+        g0 = b0 // 8
+        block = out[b0:b0 + m]  # a view indexed from 0: the loops vectorise
         for r in range(len(signs)):
-            plane, low, high = signs[r], lows[r], highs[r]
-            for g in range(b0 // 8, g1):
-                s = plane[g]
-                if r == 0:
-                    for lane in range(8):
-                        out[8 * g + lane] = low if (s >> U8(lane)) & U8(1) else high
-                else:
-                    for lane in range(8):
-                        out[8 * g + lane] += low if (s >> U8(lane)) & U8(1) else high
-            for k in range(8 * g1, b1):  # the tensor's last, partial group
-                value = low if (plane[k >> 3] >> U8(k & 7)) & U8(1) else high
-                out[k] = value if r == 0 else out[k] + value
+            plane, table = signs[r], tables[r]
+            for g in range(m // 8):
+                byte = plane[g0 + g]
+                for lane in range(8):
+                    values[8 * g + lane] = table[byte, lane]
+            for k in range(m // 8 * 8, m):  # the tensor's last, partial group
+                values[k] = table[plane[g0 + k // 8], k % 8]
+            if r == 0:
+                for j in range(m):
+                    block[j] = values[j]
+            else:
+                for j in range(m):
+                    block[j] += values[j]
 
 
 def signs_sum(signs: tuple[np.ndarray, ...], lows: np.ndarray, highs: np.ndarray,
@@ -274,11 +283,13 @@ def _nat9_sum(exps, signs, out, lo, hi):  # pragma: no cover - compiled
         for r in range(len(exps)):
             top = max(top, _nat9_patterns(exps[r][b0:b0 + m],
                                           signs[r][b0 // 8:(b0 + m + 7) // 8], patterns[:m]))
+            block = out[b0:b0 + m]  # a view indexed from 0: the loops vectorise
             if r == 0:
-                out[b0:b0 + m] = values[:m]
+                for j in range(m):
+                    block[j] = values[j]
             else:
                 for j in range(m):
-                    out[b0 + j] += values[j]
+                    block[j] += values[j]
     return top
 
 
@@ -415,12 +426,13 @@ def _dither_sum(signs, codes, norms, signed, bucket, width, out, lo,
                 index = (b0 + k) // bucket
                 end = min(m, (index + 1) * bucket - b0)
                 norm = norms[r][index]
+                block, part = out[b0 + k:b0 + end], levels[k:end]  # views from 0: vectorised
                 if r == 0:
-                    for j in range(k, end):
-                        out[b0 + j] = levels[j] * norm
+                    for j in range(end - k):
+                        block[j] = part[j] * norm
                 else:
-                    for j in range(k, end):
-                        out[b0 + j] += levels[j] * norm
+                    for j in range(end - k):
+                        block[j] += part[j] * norm
                 k = end
     return top
 
