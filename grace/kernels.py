@@ -162,6 +162,18 @@ def pack_signs(x: np.ndarray, sums: bool) -> tuple[np.ndarray, int, float, float
             sum(float(p[2]) for p in parts))
 
 
+@numba.njit(inline="always")
+def _accumulate(block, values, scale, first):  # pragma: no cover - compiled
+    """block = values * scale for the first rank, block += values * scale for the others
+    (both arrays indexed from 0, so the loop vectorises; times 1.0 is exact)."""
+    if first:
+        for j in range(block.size):
+            block[j] = values[j] * scale
+    else:
+        for j in range(block.size):
+            block[j] += values[j] * scale
+
+
 @numba.njit(cache=True, nogil=True)
 def _signs_sum(signs, lows, highs, out, lo, hi):  # pragma: no cover - compiled
     """out[lo:hi] = the sum over ranks r of lows[r] where rank r's sign bit is set, else
@@ -177,7 +189,7 @@ def _signs_sum(signs, lows, highs, out, lo, hi):  # pragma: no cover - compiled
     for b0 in range(lo, hi, _BLOCK):
         m = min(_BLOCK, hi - b0)
         g0 = b0 // 8
-        block = out[b0:b0 + m]  # a view indexed from 0: the loops vectorise
+        block = out[b0:b0 + m]
         for r in range(len(signs)):
             plane, table = signs[r], tables[r]
             for g in range(m // 8):
@@ -186,12 +198,7 @@ def _signs_sum(signs, lows, highs, out, lo, hi):  # pragma: no cover - compiled
                     values[8 * g + lane] = table[byte, lane]
             for k in range(m // 8 * 8, m):  # the tensor's last, partial group
                 values[k] = table[plane[g0 + k // 8], k % 8]
-            if r == 0:
-                for j in range(m):
-                    block[j] = values[j]
-            else:
-                for j in range(m):
-                    block[j] += values[j]
+            _accumulate(block, values, F32(1.0), r == 0)
 
 
 def signs_sum(signs: tuple[np.ndarray, ...], lows: np.ndarray, highs: np.ndarray,
@@ -283,13 +290,7 @@ def _nat9_sum(exps, signs, out, lo, hi):  # pragma: no cover - compiled
         for r in range(len(exps)):
             top = max(top, _nat9_patterns(exps[r][b0:b0 + m],
                                           signs[r][b0 // 8:(b0 + m + 7) // 8], patterns[:m]))
-            block = out[b0:b0 + m]  # a view indexed from 0: the loops vectorise
-            if r == 0:
-                for j in range(m):
-                    block[j] = values[j]
-            else:
-                for j in range(m):
-                    block[j] += values[j]
+            _accumulate(out[b0:b0 + m], values, F32(1.0), r == 0)
     return top
 
 
@@ -429,14 +430,7 @@ def _dither_sum(signs, codes, norms, signed, bucket, width, out, lo,
             while k < m:  # segments of one bucket: a constant norm
                 index = (b0 + k) // bucket
                 end = min(m, (index + 1) * bucket - b0)
-                norm = norms[r][index]
-                block, part = out[b0 + k:b0 + end], levels[k:end]  # views from 0: vectorised
-                if r == 0:
-                    for j in range(end - k):
-                        block[j] = part[j] * norm
-                else:
-                    for j in range(end - k):
-                        block[j] += part[j] * norm
+                _accumulate(out[b0 + k:b0 + end], levels[k:end], norms[r][index], r == 0)
                 k = end
     return top
 
