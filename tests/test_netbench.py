@@ -89,3 +89,19 @@ def test_without_iproute2_it_says_so_and_makes_no_namespace(tmp_path):
     assert proc.returncode == 2 and "iproute2" in proc.stderr, proc.stderr[-2000:]
     if ROOT:
         assert namespaces() == before
+
+
+def readme_examples() -> list[list[str]]:
+    """The overrides of every `gracecomm-netbench ...` command in the README."""
+    import shlex
+    text = (CONFIG.parent.parent / "README.md").read_text()
+    return [shlex.split(line.split("#")[0])[1:] for line in text.splitlines()
+            if line.startswith("gracecomm-netbench")]
+
+
+@pytest.mark.parametrize("overrides", readme_examples(), ids=lambda o: " ".join(o) or "defaults")
+def test_readme_examples_compose_and_plan(overrides):
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(config_dir=str(CONFIG.parent), version_base="1.3"):
+        cfg = compose(config_name="netbench", overrides=overrides)
+    assert plan(cfg)
