@@ -79,20 +79,26 @@ def remove_stale_namespaces() -> None:
             _run("ip", "netns", "delete", name)
 
 
+MTU = 1500  # Ethernet's, for the namespace's loopback (see `shaped_namespace`)
+
+
 @contextlib.contextmanager
 def shaped_namespace(bandwidth_mbps: float, latency_ms: float) -> Iterator[str]:
     """A network namespace whose loopback carries at most `bandwidth_mbps` in all (a token
-    bucket of 2 ms of line rate, at least one 64 KiB loopback packet: a larger bucket, which
-    refills while the ranks compute, let a whole step's traffic through at once at 1 Gbit/s),
-    delayed by `latency_ms` per packet; removed on exit, whatever the exit."""
+    bucket of 2 ms of line rate, at least two Ethernet frames: a larger bucket, which refills
+    while the ranks compute, let a whole step's traffic through at once at 1 Gbit/s),
+    delayed by `latency_ms` per packet; removed on exit, whatever the exit. Its loopback
+    takes Ethernet's MTU of 1500 bytes: a bucket must hold one packet, and loopback's own
+    64 KiB packets made it 64 KiB at any rate (52 ms of line rate at 10 Mbit/s, more than a
+    compressed step sends)."""
     check_tools()
     remove_stale_namespaces()
     name = f"{NAMESPACE_PREFIX}{os.getpid()}"
     _run("ip", "netns", "add", name)
     try:
         ns = ("ip", "netns", "exec", name)
-        _run(*ns, "ip", "link", "set", "lo", "up")
-        burst = max(65536 + 1514, int(bandwidth_mbps * 1e6 / 8 * 0.002))
+        _run(*ns, "ip", "link", "set", "lo", "mtu", str(MTU), "up")
+        burst = max(2 * (MTU + 14), int(bandwidth_mbps * 1e6 / 8 * 0.002))
         _run(*ns, "tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "tbf",
              "rate", f"{bandwidth_mbps}mbit", "burst", str(burst), "latency", "200ms")
         if latency_ms > 0:
