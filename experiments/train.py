@@ -21,6 +21,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -373,6 +374,9 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     progress = None
     if rank == 0 and t.progress:
         from tqdm import tqdm
+        # a thread lock: tqdm's default multiprocessing one outlives the worker's os._exit
+        # and the resource tracker then warns of a leaked semaphore at the launcher's exit
+        tqdm.set_lock(threading.RLock())
         progress = tqdm(total=total_steps, initial=position.step, unit="step",
                         desc=f"train [{grace.compressor.registry_name}]", dynamic_ncols=True)
     watch = CollapseWatch(task, task.chance(data.test) if rank == 0 else None,

@@ -11,13 +11,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def train(tmp_path, *overrides, multirun=False, timeout=240):
+def train(tmp_path, *overrides, multirun=False, timeout=240, progress=False):
     cmd = [sys.executable, "-m", "gracecomm.experiments.train"]
     if multirun:
         cmd += ["-m", f"hydra.sweep.dir={tmp_path}/sweep"]
     else:
         cmd += [f"hydra.run.dir={tmp_path}/run"]
-    cmd += ["trainer.progress=false", *overrides]
+    cmd += [f"trainer.progress={str(progress).lower()}", *overrides]
     env = {**os.environ, "WANDB_SILENT": "true", "WANDB_MODE": "offline"}
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -28,8 +28,9 @@ def records(path):
 
 @pytest.mark.slow
 def test_default_experiment_end_to_end(tmp_path):
-    proc = train(tmp_path, "trainer.max_steps=30")
+    proc = train(tmp_path, "trainer.max_steps=30", progress=True)  # as the README's command
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "leaked" not in proc.stderr, proc.stderr[-3000:]  # nothing left behind at exit
     assert "test accuracy" in proc.stdout and "wire bytes / step" in proc.stdout
     recs = records(tmp_path / "run" / "metrics.jsonl")
     assert recs[0]["type"] == "config" and recs[0]["config"]["trainer"]["world_size"] == 2
