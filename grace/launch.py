@@ -94,14 +94,14 @@ def init_process_group(backend: str, rank: int, world_size: int, *, timeout_s: f
 
 
 def finish_process_group() -> None:
-    """After a successful run: wait for every rank, then destroy the group (tearing down
-    connections a peer still uses makes Gloo abort at exit). Never call it after an error:
-    the peers may be blocked in another collective and the barrier would wait for them."""
+    """After a successful run: wait for every rank in a barrier, so that no rank leaves
+    while a peer still uses its connections. The group is not destroyed: the worker ends
+    with `exit_now`, which runs no destructors, and with torch 2.6 the destruction sometimes
+    never returned, holding the interpreter's lock, in a rank whose peers had already left
+    (found by the stacks `spawn` shows). Never call it after an error: the peers may be
+    blocked in another collective and the barrier would wait for them."""
     if dist.is_initialized():
-        try:
-            dist.barrier()
-        finally:
-            dist.destroy_process_group()
+        dist.barrier()
 
 
 def exit_now(code: int = 0) -> NoReturn:
