@@ -294,10 +294,11 @@ def sum_nat9(planes: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tenso
                                tuple(s.contiguous().numpy() for _, s in planes), n)
         total = torch.from_numpy(values)
     else:
-        total, top = torch.zeros(n), 0
-        for i, (exps, signs) in enumerate(planes):
-            bits = (exps.to(torch.int32) << 23) | sign_bits(unpack_bits(signs, n))
-            total = bits.view(torch.float32) if i == 0 else total.add_(bits.view(torch.float32))
+        total, top = None, 0
+        for exps, signs in planes:
+            values = ((exps.to(torch.int32) << 23) | sign_bits(unpack_bits(signs, n))).view(
+                torch.float32)
+            total = values if total is None else total.add_(values)
             top = max(top, int(exps.max()) if n else 0)
     if top == 255:
         raise PayloadError("nat9 payload holds the reserved exponent code 255")

@@ -137,11 +137,12 @@ class MajorityVote(SignCompressor):
         device = payloads[0][0].device
         votes = torch.zeros(ctx.numel, device=device,
                             dtype=torch.int16 if len(payloads) < 2**15 else torch.int32)
+        fused = kernels_enabled(device)
+        if fused:
+            from grace.kernels import count_signs
         for payload in payloads:
             self.check(payload, ctx)
-            if kernels_enabled(device):
-                from grace.kernels import count_signs
-
+            if fused:
                 count_signs(payload[0].numpy(), votes.numpy())
             else:
                 votes += unpack_bits(payload[0], ctx.numel)

@@ -41,6 +41,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 U32, U64, U8, F32 = np.uint32, np.uint64, np.uint8, np.float32
 PARALLEL_MIN = 1 << 20
 _BLOCK = 4096  # elements per block (stays in cache): a multiple of 8, whole packed groups
+_BYTE_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(bool)  # [byte, lane]
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 
 
@@ -175,16 +176,10 @@ def _accumulate(block, values, scale, first):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _signs_sum(signs, lows, highs, out, lo, hi):  # pragma: no cover - compiled
-    """out[lo:hi] = the sum over ranks r of lows[r] where rank r's sign bit is set, else
-    highs[r]; a block at a time, so `out` is written once whatever the number of ranks.
-    Each rank's table of the 8 values of every sign byte turns a group of 8 into one
-    vector load."""
-    tables = np.empty((len(signs), 256, 8), dtype=np.float32)
-    for r in range(len(signs)):
-        for byte in range(256):
-            for lane in range(8):
-                tables[r, byte, lane] = lows[r] if (byte >> lane) & 1 else highs[r]
+def _signs_sum(signs, tables, out, lo, hi):  # pragma: no cover - compiled
+    """out[lo:hi] = the sum over ranks r of tables[r, byte, lane] for each element's sign
+    byte and lane; a block at a time, so `out` is written once whatever the number of
+    ranks, and a group of 8 is one row of the table (one vector load)."""
     values = np.empty(_BLOCK, dtype=np.float32)
     for b0 in range(lo, hi, _BLOCK):
         m = min(_BLOCK, hi - b0)
@@ -206,7 +201,9 @@ def signs_sum(signs: tuple[np.ndarray, ...], lows: np.ndarray, highs: np.ndarray
     """float32 array of n values: the sum over ranks, in rank order, of `lows[r]` where rank
     r's sign plane has the bit set, else `highs[r]` (one rank: the decoded plane)."""
     out = np.empty(n, dtype=np.float32)
-    _split(n, _signs_sum, lambda lo, hi: (signs, lows, highs, out, lo, hi))
+    # each rank's table of the 8 values of every sign byte, built once for every part
+    tables = np.where(_BYTE_BITS, lows[:, None, None], highs[:, None, None]).astype(np.float32)
+    _split(n, _signs_sum, lambda lo, hi: (signs, tables, out, lo, hi))
     return out
 
 
