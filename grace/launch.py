@@ -217,20 +217,31 @@ def _spawned(rank: int, fn: Callable[..., Any], world_size: int, store_port: int
              collective_timeout_s: float, threads: int, launcher_pid: int, report: Connection,
              stack_path: str, args: tuple[Any, ...]) -> None:
     end_with_launcher(launcher_pid, rank, kernel=True)
-    # the file stays open for the life of the process: faulthandler writes to its descriptor
-    faulthandler.register(_STACK_SIGNAL, file=open(stack_path, "w"),  # noqa: SIM115
-                          all_threads=True)
+    if stack_path:  # the file stays open for the life of the process: faulthandler writes to it
+        faulthandler.register(_STACK_SIGNAL, file=open(stack_path, "w"),  # noqa: SIM115
+                              all_threads=True)
     torch.set_num_threads(threads)
     run_rank(fn, rank, world_size, args, backend=backend,
              collective_timeout_s=collective_timeout_s, store_port=store_port, report=report)
 
 
-def _stacks(procs: list[Any], paths: list[str]) -> str:
+def _stack_file() -> tuple[int, str]:
+    """A file with no name for one worker's stacks (Linux O_TMPFILE): the launcher's
+    descriptor, and the /proc path the worker opens it by. Nothing is left on disk however
+    the launcher ends (a named file would outlive a killed launcher). Elsewhere (-1, ""):
+    no stacks are shown."""
+    if not hasattr(os, "O_TMPFILE") or not os.path.isdir(f"/proc/{os.getpid()}/fd"):
+        return -1, ""
+    fd = os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR, 0o600)
+    return fd, f"/proc/{os.getpid()}/fd/{fd}"
+
+
+def _stacks(procs: list[Any], files: list[int]) -> str:
     """The Python stacks of the workers still running (faulthandler's dump on
     `_STACK_SIGNAL`), waiting up to `_STACK_WAIT_S` for them; stopped ones (SIGSTOP, a
     debugger) cannot answer and are not asked."""
     alive = [rank for rank, proc in enumerate(procs)
-             if proc.is_alive() and not _stopped(proc.pid)]
+             if files[rank] >= 0 and proc.is_alive() and not _stopped(proc.pid)]
     for rank in alive:
         os.kill(procs[rank].pid, _STACK_SIGNAL)
     deadline = time.monotonic() + _STACK_WAIT_S
@@ -239,8 +250,7 @@ def _stacks(procs: list[Any], paths: list[str]) -> str:
     while time.monotonic() < deadline and len(done) < len(alive):
         time.sleep(0.1)
         for rank in set(alive) - done:
-            with open(paths[rank], encoding="utf-8", errors="replace") as f:
-                text = f.read()
+            text = os.pread(files[rank], 1 << 20, 0).decode(errors="replace")
             if text and text == texts[rank]:  # written, and unchanged since the last look
                 done.add(rank)
             texts[rank] = text
@@ -274,8 +284,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
         mp.set_start_method("spawn", force=True)
     ctx = mp.get_context("spawn")
     store, procs, readers = host_store(world_size, collective_timeout_s), [], []
-    stack_dir = tempfile.TemporaryDirectory(prefix="grace-stacks-")
-    paths = [os.path.join(stack_dir.name, f"rank{rank}.txt") for rank in range(world_size)]
+    files, paths = zip(*(_stack_file() for _ in range(world_size)))
     try:
         for rank in range(world_size):
             reader, writer = ctx.Pipe(duplex=False)
@@ -290,13 +299,13 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
         if failures:
             message, hung = _describe(failures, procs, collective_timeout_s)
             if hung:
-                message += _stacks(procs, paths)
+                message += _stacks(procs, list(files))
             for proc in procs:
                 proc.kill()
             raise WorkerError(message)
         if any(proc.is_alive() for proc in procs):
             raise WorkerTimeout(f"{world_size} local workers did not finish within "
-                                f"{timeout_s:.0f} s; killed them" + _stacks(procs, paths))
+                                f"{timeout_s:.0f} s; killed them" + _stacks(procs, list(files)))
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -304,7 +313,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
             proc.join()
         for reader in readers:
             reader.close()
-        stack_dir.cleanup()
+        for fd in files:
+            if fd >= 0:
+                os.close(fd)
 
 
 def _watch(procs: list[Any], readers: list[Connection],
