@@ -23,7 +23,7 @@ from grace.exchange import Link, Rounds, Works
 from grace.pipeline import make_part
 from grace.registry import COMMUNICATORS, COMPRESSORS
 from grace.validation import ConfigError, IncompatibleError, PayloadError, check_range
-from grace.wire import DTYPES, payload_nbytes, to_bytes
+from grace.wire import pack_described, payload_nbytes, to_bytes, unpack_described
 from gracecomm.communicators.allgather import padded_payloads
 
 
@@ -37,37 +37,15 @@ class ServerError(RuntimeError):
 
 
 def pack(payloads: Sequence[tuple[TensorInfo, Payload]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Serialise (result shape and dtype, payload) pairs: an int64 header describing every
-    tensor, and one uint8 buffer with their bytes."""
-    header: list[int] = [len(payloads)]
-    tensors: list[torch.Tensor] = []
-    for info, payload in payloads:
-        header += [DTYPES.index(info.dtype), len(info.shape), *info.shape, len(payload)]
-        for t in payload:
-            header += [DTYPES.index(t.dtype), t.dim(), *t.shape]
-            tensors.append(t)
-    return torch.tensor(header, dtype=torch.int64), to_bytes(tensors)
+    """The downlink: (result shape and dtype, payload) pairs as `grace.wire.pack_described`
+    lays them out."""
+    return pack_described([(info.shape, info.dtype, payload) for info, payload in payloads])
 
 
 def unpack(header: torch.Tensor, buf: torch.Tensor) -> list[tuple[TensorInfo, Payload]]:
     """Inverse of `pack`."""
-    words = iter(header.tolist())
-
-    def shaped() -> tuple[torch.dtype, list[int]]:
-        dtype = DTYPES[next(words)]
-        return dtype, [next(words) for _ in range(next(words))]
-
-    out, pos = [], 0
-    for _ in range(next(words)):
-        dtype, shape = shaped()
-        payload = []
-        for _ in range(next(words)):
-            t_dtype, t_shape = shaped()
-            size = torch.Size(t_shape).numel() * t_dtype.itemsize
-            payload.append(buf[pos:pos + size].clone().view(t_dtype).reshape(t_shape))
-            pos += size
-        out.append((TensorInfo(torch.Size(shape), dtype), tuple(payload)))
-    return out
+    return [(TensorInfo(shape, dtype), payload)
+            for shape, dtype, payload in unpack_described(header, buf)]
 
 
 @COMMUNICATORS.register("parameter_server")

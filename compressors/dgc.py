@@ -104,17 +104,9 @@ class DGC(ThresholdSparsifier):
         self.streams.load_state_dict(state["streams"])
 
 
-@COMPRESSORS.register("dgc_reference")
-class DGCReference(DGC):
+DGCReference = COMPRESSORS.preset(
+    "dgc_reference", DGC, __name__, "DGCReference",
     """DGC as its reference implementation runs it (this library's preset ``dgc_reference``):
     strided sampling, re-selection above 1.3 k, up to 10 relaxations by 0.8 while fewer than
-    0.8 k are selected, and the 4-epoch density warm-up."""
-
-    def __init__(self, ratio: float = DEFAULT_RATIO, sample_ratio: float = 0.01,
-                 sampling: str = "strided", reselect_above: float = 1.3,
-                 relax_below: float = 0.8, relax_factor: float = 0.8, relax_iters: int = 10,
-                 seed: int = 0, nonfinite: str = "raise", backend: str = "auto",
-                 warmup_epochs: int = 4, warmup_ratios: list[float] | None = None) -> None:
-        super().__init__(ratio, sample_ratio, sampling, reselect_above, relax_below,
-                         relax_factor, relax_iters, seed, nonfinite, backend, warmup_epochs,
-                         warmup_ratios)
+    0.8 k are selected, and the 4-epoch density warm-up.""",
+    sampling="strided", reselect_above=1.3, relax_iters=10, warmup_epochs=4)

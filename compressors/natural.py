@@ -49,8 +49,8 @@ from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from grace.stochastic import (FLOAT_BITS, RandomStreams, check_rng, kernels_enabled,
                               natural_round_bits, random_bits, second_key, use_kernels)
-from grace.validation import (ConfigError, NonFiniteError, PayloadError, check_choice,
-                              check_range, expect_payload)
+from grace.validation import (ConfigError, PayloadError, check_choice, check_range,
+                              expect_payload, nonfinite_error)
 from grace.wire import pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint
 
 F32, F64 = FLOAT_BITS[torch.float32], FLOAT_BITS[torch.float64]
@@ -91,6 +91,7 @@ class Natural(Compressor):
         self.stochastic = self.rounding == "stochastic"
         if self.wire == "int_fixed":
             self.summable = True  # integers add exactly
+            self.default_communicator = "allreduce"
         if not self.stochastic:
             self.default_memory = "residual"  # biased: error feedback
 
@@ -147,12 +148,11 @@ class Natural(Compressor):
 
     def _finite(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """Apply the ``nonfinite`` rule to a tensor that holds Inf or NaN."""
-        bad = ~torch.isfinite(x)
-        count = int(bad.sum())
         if self.nonfinite == "raise":
-            raise NonFiniteError(f"tensor '{name}' holds {count} Inf/NaN values; natural "
-                                 "compression cannot round them (set nonfinite=zero to send 0)")
-        self.metrics.add("nonfinite", count)
+            raise nonfinite_error(x, name, f"{self.label} cannot round them",
+                                  "option nonfinite=zero sends them as 0")
+        bad = ~torch.isfinite(x)
+        self.metrics.add("nonfinite", int(bad.sum()))
         return torch.where(bad, torch.zeros_like(x), x)
 
     def _saturate(self, exps: torch.Tensor, cap: int, name: str) -> torch.Tensor:

@@ -6,8 +6,8 @@ paper's Table VI.
     python -m gracecomm.experiments.lgc_report multirun/2026-11-22/10-00-00          # a sweep directory
     python -m gracecomm.experiments.lgc_report RUN_DIR [RUN_DIR ...] --plot recon.png
 
-Every run directory below the given paths with a ``metrics.jsonl`` is read. Runs without
-phases (dense, Top-k, DGC) form one row each. The one-time autoencoder transfer
+Every finished run below the given paths is read (`gracecomm.experiments.report.read_run`).
+Runs without phases (dense, Top-k, DGC) form one row each. The one-time autoencoder transfer
 (``ae_sync_bytes``) is left out of the per-step means and reported on its own.
 
 Two bases (the paper's, Sec. VI and Tables IV and VI, is the second). *Total bytes*, indices
@@ -23,12 +23,13 @@ the paper's Sparse GD and DGC rows are.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from statistics import fmean
 from typing import Any
+
+from gracecomm.experiments.report import Run, load_runs
 
 NAN = float("nan")
 
@@ -39,21 +40,16 @@ PAPER_TABLE_VI = {"lgc_rar": (3193, 2297), "lgc_ps leader": (5709, 8095),
 PAPER_TOPK = 1000
 
 
-def read_run(run_dir: Path) -> dict[str, Any]:
-    """The config, the step records and the summary of one run."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    summary = next((r for r in records if r["type"] == "summary"), {})
-    config = next((r["config"] for r in records if r["type"] == "config"), {})
-    evals = [r for r in records if r["type"] == "eval"]
-    return {"dir": run_dir, "config": config, "steps": [r for r in records if r["type"] == "step"],
-            "summary": summary, "accuracy": summary.get("test_acc", evals[-1].get("test_acc")
-                                                        if evals else NAN)}
+def accuracy(run: Run) -> float:
+    """The run's final test accuracy (its summary's, else its last evaluation's)."""
+    return run.summary.get("test_acc", run.evals[-1].get("test_acc", NAN) if run.evals
+                           else NAN)
 
 
-def run_name(run: dict[str, Any]) -> str:
+def run_name(run: Run) -> str:
     """The compressor's name; LGC_PS at the leader's indices is marked as such."""
-    name = run["summary"].get("compressor", run["dir"].name)
-    if run["config"].get("compressor", {}).get("indices") == "leader":
+    name = run.summary.get("compressor", run.path.name)
+    if run.config.get("compressor", {}).get("indices") == "leader":
         name += " indices=leader"
     return name
 
@@ -67,12 +63,12 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else NAN
 
 
-def phase_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
+def phase_rows(run: Run) -> list[dict[str, Any]]:
     """One row per phase (or one for a run without phases): per-step means of rank 0's
     statistics; for LGC_PS the master's view of the leader's and the others' uplink."""
     name = run_name(run)
     by_phase: dict[int, list[dict[str, Any]]] = {}
-    for s in run["steps"]:
+    for s in run.steps:
         by_phase.setdefault(int(s.get("lgc_phase", 0)), []).append(s)
     rows = []
     for phase, steps in sorted(by_phase.items()):
@@ -104,14 +100,9 @@ def phase_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
             "ae_sync_bytes": sum(s.get("ae_sync_bytes", 0) for s in steps),
             "worker_cos": _mean(steps, "lgc_worker_cos"),
             "index_overlap": _mean(steps, "lgc_index_overlap"),
-            "accuracy": run["accuracy"],
+            "accuracy": accuracy(run),
         })
     return rows
-
-
-def find_runs(paths: Iterable[str]) -> list[dict[str, Any]]:
-    files = sorted({f for p in paths for f in Path(p).rglob("metrics.jsonl")})
-    return [read_run(f.parent) for f in files]
 
 
 def fmt(x: float, spec: str = ".0f", unit: str = "") -> str:
@@ -182,7 +173,7 @@ def paper_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def report(runs: Sequence[dict[str, Any]]) -> str:
+def report(runs: Sequence[Run]) -> str:
     """The per-phase table, phase 3 next to the paper, the one-time transfers and the
     workers' similarity."""
     rows = [row for run in runs for row in phase_rows(run)]
@@ -204,7 +195,7 @@ def report(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot_reconstruction(runs: Sequence[dict[str, Any]], path: str) -> None:
+def plot_reconstruction(runs: Sequence[Run], path: str) -> None:
     """The reconstruction loss of every LGC run's phase 2, step by step."""
     import matplotlib
 
@@ -213,7 +204,7 @@ def plot_reconstruction(runs: Sequence[dict[str, Any]], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in runs:
-        points = [(s["step"], s["lgc_recon_loss"]) for s in run["steps"] if "lgc_recon_loss" in s]
+        points = [(s["step"], s["lgc_recon_loss"]) for s in run.steps if "lgc_recon_loss" in s]
         if points:
             ax.plot(*zip(*points), label=run_name(run))
     ax.set_xlabel("step")
@@ -229,9 +220,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("paths", nargs="+", help="run or sweep directories")
     parser.add_argument("--plot", help="write the reconstruction-loss curves to this image")
     args = parser.parse_args(argv)
-    runs = find_runs(args.paths)
+    runs = load_runs(*map(Path, args.paths))
     if not runs:
-        raise SystemExit(f"no metrics.jsonl below {', '.join(args.paths)}")
+        raise SystemExit(f"no finished run (metrics.jsonl with a summary) below "
+                         f"{', '.join(args.paths)}")
     print(report(runs))
     if args.plot:
         plot_reconstruction(runs, args.plot)

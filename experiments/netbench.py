@@ -43,6 +43,7 @@ from omegaconf import DictConfig
 
 from grace.network import Network
 from grace.validation import ConfigError, check_range
+from gracecomm.experiments.report import read_run
 
 NAMESPACE_PREFIX = "gracecomm-netbench-"
 CALIBRATION_ROUNDS = 200
@@ -173,9 +174,10 @@ def run_method(namespace: str, overrides: Sequence[str], run_dir: Path, steps: i
             f"network.bandwidth_gbps=[{network.bandwidth_gbps}]",
             f"network.latency_us={network.latency_us}", f"network.shared={network.shared}"]
     in_namespace(namespace, args, timeout_s + 60)
-    with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
-        records = [json.loads(line) for line in f]
-    return [r for r in records if r.get("type") == "step"]
+    run = read_run(run_dir)
+    if run is None:
+        raise RuntimeError(f"{run_dir}: the run wrote no summary (it did not finish)")
+    return run.steps
 
 
 def summarise(method: str, rounds: list[list[dict[str, Any]]],

@@ -21,18 +21,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from grace.launch import spawn
-from gracecomm.experiments.train import train_worker
+from gracecomm.experiments.report import read_run
+from gracecomm.experiments.train import compose_config, train_worker
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 MODES = {  # mode -> training overrides (besides the rank)
     "none": ["compressor=none"],
-    "gracecomm": ["compressor=powersgd", "compressor.start_iter=2", "memory.reference=mean"],
-    "torch hook": ["compressor=powersgd", "compressor.start_iter=2", "memory.reference=mean",
-                   "trainer.exchange=torch"],
+    "gracecomm": ["compressor=powersgd", "compressor.start_iter=2", "memory=residual",
+                  "memory.reference=mean"],
+    "torch hook": ["compressor=powersgd", "compressor.start_iter=2", "memory=residual",
+                   "memory.reference=mean", "trainer.exchange=torch"],
 }
 
 
@@ -42,19 +42,19 @@ def compare(overrides: list[str], r: int = 2,
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for mode in modes:
-            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-                cfg = compose(config_name="train", overrides=[
-                    *MODES[mode], *([f"compressor.rank={r}"] if mode != "none" else []),
-                    "trainer.progress=false", *overrides])
+            cfg = compose_config(*MODES[mode],
+                                 *([f"compressor.rank={r}"] if mode != "none" else []),
+                                 "trainer.progress=false", *overrides)
             run_dir = Path(tmp) / mode.replace(" ", "_")
             run_dir.mkdir()
             spawn(train_worker, int(cfg.trainer.world_size),
                   OmegaConf.to_container(cfg, resolve=True), str(run_dir), None,
                   timeout_s=float(cfg.trainer.timeout_s))
             summary = json.loads((run_dir / "summary.json").read_text())
-            records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-            later = [rec["wire_bytes"] for rec in records
-                     if rec["type"] == "step" and rec["step"] > 2]
+            run = read_run(run_dir)
+            if run is None:
+                raise RuntimeError(f"{mode}: the run wrote no summary (it did not finish)")
+            later = [rec["wire_bytes"] for rec in run.steps if rec["step"] > 2]
             results.append({"mode": mode, **summary,
                             "bytes_per_compressed_step": sum(later) / max(1, len(later))})
     return results

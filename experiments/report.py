@@ -65,31 +65,40 @@ def _natural(path: Path) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(path))]
 
 
-def load_runs(root: Path) -> list[Run]:
-    """Every finished run under `root` (runs without a summary record are skipped with a
+def read_run(run_dir: Path) -> Run | None:
+    """The run whose ``metrics.jsonl`` is in `run_dir`, as its last attempt tells it (an
+    attempt that reuses the file starts again at its config record); None if that attempt
+    wrote no summary (it did not finish). The one reader of run files."""
+    config: dict[str, Any] = {}
+    summary: dict[str, Any] | None = None
+    steps: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        kind = record.get("type")
+        if kind == "config":
+            config, summary, steps, evals = record["config"], None, [], []
+        elif kind == "step":
+            steps.append(record)
+        elif kind == "eval":
+            evals.append(record)
+        elif kind == "summary":
+            summary = record
+    return None if summary is None else Run(Path(run_dir), config, summary, steps, evals)
+
+
+def load_runs(*roots: Path) -> list[Run]:
+    """Every finished run under `roots` (runs without a summary record are skipped with a
     note on stderr), in natural order of their directories."""
     runs = []
-    for path in sorted(root.rglob("metrics.jsonl"), key=_natural):
-        config: dict[str, Any] = {}
-        summary: dict[str, Any] | None = None
-        steps: list[dict[str, Any]] = []
-        evals: list[dict[str, Any]] = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            kind = record.get("type")
-            if kind == "config":
-                config, summary, steps, evals = record["config"], None, [], []
-            elif kind == "step":
-                steps.append(record)
-            elif kind == "eval":
-                evals.append(record)
-            elif kind == "summary":
-                summary = record
-        if summary is None:
+    paths = {p for root in roots for p in Path(root).rglob("metrics.jsonl")}
+    for path in sorted(paths, key=_natural):
+        run = read_run(path.parent)
+        if run is None:
             print(f"report: skipping {path.parent} (no summary: the run did not finish)",
                   file=sys.stderr)
             continue
-        runs.append(Run(path.parent, config, summary, steps, evals))
+        runs.append(run)
     return runs
 
 

@@ -47,7 +47,8 @@ def check_torch_exchange(grace: Grace) -> None:
         if grace.memory.reference != "mean":
             raise ConfigError("trainer: option 'exchange' is 'torch': PyTorch's powerSGD_hook "
                               "feeds back against the mean over ranks; set "
-                              "memory.reference=mean (or memory=none) to compare like with like")
+                              "memory=residual memory.reference=mean (or memory=none) to compare "
+                              "like with like")
     elif memory != "none":
         raise ConfigError(f"trainer: option 'exchange' is 'torch': PyTorch's hook for "
                           f"'{name}' has no memory '{memory}'; use memory=none"

@@ -37,15 +37,19 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
-from grace import Grace, GradientExchange, Need, register_comm_hook
+from grace import Compressor, Grace, GradientExchange, Need, build, register_comm_hook
+from grace import registry
 from grace.config import check_targets, instantiate
 from grace.consistency import describe, gather_text, verify_same_on_all_ranks
 from grace.launch import (WorkerError, WorkerTimeout, exit_now, launched_externally, run_rank,
                           spawn)
+from grace.pipeline import AUTO, default_part
+from grace.registry import check_options
 from grace.network import (COLLECTIVE_KEYS, Network, compute_time, networks, overhead_time,
                            project)
 from grace.rng import stable_hash
-from grace.validation import ConfigError, NonFiniteError, check_choice, check_range
+from grace.validation import (ConfigError, MissingDependency, NonFiniteError, check_choice,
+                              check_range)
 from gracecomm.experiments import checkpoint, rundir
 from gracecomm.experiments.collapse import CollapseWatch, Collapsed
 from gracecomm.experiments.loggers import sweep_group
@@ -69,16 +73,62 @@ def compose_config(*overrides: str) -> DictConfig:
     HydraConfig.instance().set_config(cfg)  # `${hydra:...}` values resolve, as in a run
     with open_dict(cfg):
         del cfg["hydra"]
+    try:
+        compressor = instantiate(cfg.compressor,
+                                 allow_any_target=bool(cfg.get("allow_any_target", False)))
+    except (ConfigError, MissingDependency):
+        return cfg  # `validate` reports it, as in a run
+    resolve_parts(cfg, compressor)
     return cfg
 
 
 def build_grace(cfg: DictConfig) -> Grace:
-    """Instantiate the compressor, memory and communicator of `cfg` into a pipeline."""
+    """The pipeline of `cfg`'s compressor, memory and communicator, assembled by
+    `grace.build` (``auto`` parts resolved first, `resolve_parts`)."""
     allow = bool(cfg.get("allow_any_target", False))
-    return Grace(instantiate(cfg.compressor, allow_any_target=allow),
-                 instantiate(cfg.memory, allow_any_target=allow),
+    compressor = instantiate(cfg.compressor, allow_any_target=allow)
+    resolve_parts(cfg, compressor)
+    return build(compressor, instantiate(cfg.memory, allow_any_target=allow),
                  instantiate(cfg.communicator, allow_any_target=allow),
                  check_finite=bool(cfg.get("check_finite", True)))
+
+
+def part_config(group: str, name: str) -> DictConfig:
+    """The config of the `group` part registered as `name`: its file in ``configs/<group>/``
+    (with the trainer values it interpolates), else just its class (a part another package
+    registers)."""
+    path = CONFIG_DIR / group / f"{name}.yaml"
+    if path.exists():
+        return OmegaConf.load(path)
+    cls = registry.get(group, name)
+    return OmegaConf.create({"_target_": f"{cls.__module__}.{cls.__qualname__}"})
+
+
+def resolve_parts(cfg: DictConfig, compressor: Compressor) -> dict[str, str]:
+    """Replace an ``auto`` memory or communicator (configs/memory/auto.yaml, the default) by
+    the config of the part `compressor` brings, chosen as `grace.build` chooses it
+    (`default_part`: from the compressor's options), with any options given to the auto
+    node (``+memory.beta=0.9``) on top, and name it in a logger's Hydra ``choices``.
+    Returns the parts it chose, group -> name."""
+    chosen: dict[str, str] = {}
+    for group in ("memory", "communicator"):
+        node = cfg.get(group)
+        if not isinstance(node, DictConfig) or not node.get(AUTO, False):
+            continue
+        name = default_part(AUTO, getattr(compressor, f"default_{group}"))
+        options = {str(k): v for k, v in node.items_ex(resolve=False) if k != AUTO}
+        resolved = part_config(group, name)
+        keys = (set(resolved) | set(options)) - {"_target_"}
+        check_options(registry.get(group, name), dict.fromkeys(keys),
+                      f"{group} '{name}' (brought by {compressor.label} as {group}=auto)")
+        with open_dict(cfg):
+            cfg[group] = OmegaConf.merge(resolved, options)
+        chosen[group] = name
+    logger = cfg.get("logger")
+    if chosen and isinstance(logger, DictConfig) and "choices" in logger:
+        choices = OmegaConf.to_container(logger.choices, resolve=True)
+        logger.choices = {**choices, **chosen}
+    return chosen
 
 
 def validate(cfg: DictConfig) -> None:
@@ -634,7 +684,11 @@ def main(cfg: DictConfig) -> float | tuple[float, ...]:
                           "would run. Sweep without torchrun (local workers: "
                           "trainer.world_size=N, any Hydra launcher), or start one torchrun "
                           "per configuration")
-    for line in apply_method_defaults(cfg, given_keys(HydraConfig.get().overrides.task)):
+    compressor = instantiate(cfg.compressor,
+                             allow_any_target=bool(cfg.get("allow_any_target", False)))
+    resolve_parts(cfg, compressor)
+    for line in apply_method_defaults(cfg, given_keys(HydraConfig.get().overrides.task),
+                                      compressor):
         if os.environ.get("RANK", "0") == "0":  # once, also under torchrun
             print(line, flush=True)
     validate(cfg)

@@ -34,7 +34,7 @@ from grace.compressor import Payload, TensorInfo
 from grace.exceedance import check_backend, top_k, working
 from grace.schedule import RatioSchedule
 from grace.sparse import Sparsifier, sparsify
-from grace.validation import NonFiniteError, check_choice
+from grace.validation import check_choice, nonfinite_error
 
 
 @dataclass
@@ -120,10 +120,8 @@ class ThresholdSparsifier(Sparsifier):
         """Guard G1: raise, or send every element with ``nonfinite: dense``."""
         if self.nonfinite == "dense":
             return Selection(torch.arange(x.numel(), device=x.device), fallback="dense")
-        n_nan, n_inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-        raise NonFiniteError(f"tensor '{name}' holds {n_nan} NaN and {n_inf} Inf values out of "
-                             f"{x.numel()}; {self.label} cannot estimate a threshold from it "
-                             "(option nonfinite=dense sends such tensors uncompressed)")
+        raise nonfinite_error(x, name, f"{self.label} cannot estimate a threshold from it",
+                              "option nonfinite=dense sends such tensors uncompressed")
 
     def set_epoch(self, epoch: int) -> None:
         ratio = self.schedule(epoch)

@@ -288,15 +288,26 @@ def make_part(spec: Spec, registry: Registry, base: type) -> Any:
 
 def build(compressor: Spec = "none", memory: Spec = None, communicator: Spec = None,
           *, check_finite: bool = True) -> Grace:
-    """Assemble a pipeline. Each part may be a registry name (``"topk"``), a mapping with
-    ``name`` and options (``{"name": "topk", "ratio": 0.01}``), a Hydra config with
-    ``_target_``, or an instance. A memory or communicator left out is the compressor's
-    default (e.g. Top-k brings residual memory and allgather; summable methods allreduce).
+    """Assemble a pipeline: the one place where a compressor's default memory and
+    communicator are applied (the trainer's ``memory=auto`` and ``communicator=auto`` too).
+    Each part may be a registry name (``"topk"``), a mapping with ``name`` and options
+    (``{"name": "topk", "ratio": 0.01}``), a Hydra config with ``_target_``, or an
+    instance. A memory or communicator left out (or ``"auto"``) is the compressor's default,
+    which may depend on its options (e.g. Top-k brings residual memory and allgather;
+    summable methods allreduce).
 
         grace = build({"name": "topk", "ratio": 0.01})
     """
     comp = make_part(compressor, COMPRESSORS, Compressor)
-    mem = make_part(memory if memory is not None else comp.default_memory, MEMORIES, Memory)
-    comm = make_part(communicator if communicator is not None else comp.default_communicator,
-                 COMMUNICATORS, Communicator)
+    mem = make_part(default_part(memory, comp.default_memory), MEMORIES, Memory)
+    comm = make_part(default_part(communicator, comp.default_communicator), COMMUNICATORS,
+                     Communicator)
     return Grace(comp, mem, comm, check_finite=check_finite)
+
+
+AUTO = "auto"  # a memory or communicator chosen by the compressor
+
+
+def default_part(spec: Spec, default: str) -> Spec:
+    """`spec`, or the compressor's `default` name where `spec` is None or ``"auto"``."""
+    return default if spec is None or (isinstance(spec, str) and spec == AUTO) else spec

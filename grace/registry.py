@@ -109,6 +109,33 @@ class Registry:
         check_options(cls, kwargs, f"{self.kind} '{name}'")
         return cls(**kwargs)
 
+    def preset(self, name: str, base: type, module: str, qualname: str, doc: str,
+               **defaults: Any) -> type:
+        """Register `name` as `base` with other default options: a preset written as data
+        (the options that differ) rather than as a subclass restating the signature. The
+        class it returns is named `qualname` in `module`; bind it to that name there, so
+        that it pickles. Its signature shows the preset's defaults, so option checks and
+        the YAML test (tests/test_configs.py) see them."""
+        options = options_of(base) or {}
+        for key in defaults:
+            if key not in options:
+                raise ConfigError(f"preset {self.kind} '{name}': '{key}' is not an option of "
+                                  f"{base.__qualname__}.{did_you_mean(key, options)} Options: "
+                                  f"{', '.join(options)}")
+        signature = inspect.signature(base)
+        signature = signature.replace(parameters=[
+            p.replace(default=defaults.get(n, p.default)) for n, p in signature.parameters.items()])
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            base.__init__(self, *bound.args, **bound.kwargs)
+
+        cls = type(qualname, (base,), {"__init__": __init__, "__signature__": signature,
+                                       "__module__": module, "__qualname__": qualname,
+                                       "__doc__": doc, "preset_defaults": dict(defaults)})
+        return self.register(name)(cls)
+
     def name_of(self, cls: type) -> str | None:
         """The name `cls` is registered under, if any."""
         self._load()

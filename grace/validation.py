@@ -110,13 +110,18 @@ def is_finite(tensor: torch.Tensor, name: str, *, raise_error: bool = False) -> 
         return True
     if not raise_error:
         return False
-    n_nan = int(torch.isnan(tensor).sum())
-    n_inf = int(torch.isinf(tensor).sum())
-    raise NonFiniteError(f"tensor '{name}' holds {n_nan} NaN and {n_inf} Inf values out of "
-                         f"{tensor.numel()}; compressing it would corrupt the aggregate. With a "
-                         "torch.amp.GradScaler, whose overflows are deliberate, set "
-                         "check_finite=False: such a step then reaches every rank as NaN, so "
-                         "the scaler skips it, and leaves the compression state as it was")
+    raise nonfinite_error(tensor, name, "compressing it would corrupt the aggregate",
+                          "with a torch.amp.GradScaler, whose overflows are deliberate, set "
+                          "check_finite=False: such a step then reaches every rank as NaN, so "
+                          "the scaler skips it, and leaves the compression state as it was")
+
+
+def nonfinite_error(tensor: torch.Tensor, name: str, why: str, remedy: str) -> NonFiniteError:
+    """The one message for a tensor holding NaN or Inf: which tensor, how many of each, `why`
+    it cannot go on and the `remedy` (an option that handles it)."""
+    n_nan, n_inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+    return NonFiniteError(f"tensor '{name}' holds {n_nan} NaN and {n_inf} Inf values out of "
+                          f"{tensor.numel()}; {why} ({remedy})")
 
 
 def expect_payload(tensor: torch.Tensor, numel: int, dtype: torch.dtype, what: str) -> None:

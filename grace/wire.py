@@ -164,6 +164,44 @@ def dtype_code(dtype: torch.dtype) -> int:
     return DTYPES.index(dtype)
 
 
+Described = tuple[torch.Size, torch.dtype, Sequence[torch.Tensor]]
+
+
+def pack_described(items: Sequence[Described]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A self-describing layout of (shape, dtype, payload) items (a result's shape and dtype,
+    and the payload it is decoded from): an int64 header with every shape and `DTYPES` code,
+    and one uint8 buffer with the payloads' bytes (`to_bytes`)."""
+    header: list[int] = [len(items)]
+    tensors: list[torch.Tensor] = []
+    for shape, dtype, payload in items:
+        header += [dtype_code(dtype), len(shape), *shape, len(payload)]
+        for t in payload:
+            header += [dtype_code(t.dtype), t.dim(), *t.shape]
+            tensors.append(t)
+    return torch.tensor(header, dtype=torch.int64), to_bytes(tensors)
+
+
+def unpack_described(header: torch.Tensor, buf: torch.Tensor) -> list[Described]:
+    """Inverse of `pack_described`; its tensors are copies, independent of `buf`."""
+    words = iter(header.tolist())
+
+    def shaped() -> tuple[torch.dtype, torch.Size]:
+        dtype = DTYPES[next(words)]
+        return dtype, torch.Size([next(words) for _ in range(next(words))])
+
+    out, pos = [], 0
+    for _ in range(next(words)):
+        dtype, shape = shaped()
+        payload = []
+        for _ in range(next(words)):
+            t_dtype, t_shape = shaped()
+            size = t_shape.numel() * t_dtype.itemsize
+            payload.append(buf[pos:pos + size].clone().view(t_dtype).reshape(t_shape))
+            pos += size
+        out.append((shape, dtype, tuple(payload)))
+    return out
+
+
 def payload_nbytes(payload: Sequence[torch.Tensor]) -> int:
     """Bytes on the wire of a payload: sum of numel * element_size over its tensors."""
     return sum(t.numel() * t.element_size() for t in payload)

@@ -1,6 +1,7 @@
 """Every registry entry has a YAML file, every YAML file is registered or instantiable,
 and choosing a compressor picks the memory and communicator its class declares."""
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ from omegaconf import OmegaConf
 from grace import registry
 from grace.config import instantiate
 from grace.validation import MissingDependency
+from gracecomm.experiments.train import build_grace
+from grace import build
 from tests.helpers import CONFIG_DIR, compose_train
 
 KINDS = ("compressor", "memory", "communicator")
@@ -17,7 +20,8 @@ GROUPS = ("compressor", "memory", "communicator", "model", "data", "trainer", "l
 
 
 def group_files(group):
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+    """The part configs of `group` (the memory's and communicator's `auto` is not a part)."""
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml") if p.stem != "auto")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -33,12 +37,58 @@ def test_registry_and_yaml_in_step(kind):
         assert get_class(target) is registry.get(kind, name), f"configs/{kind}/{name}.yaml"
 
 
+def parts_of(pipeline):
+    return type(pipeline.memory), type(pipeline.communicator)
+
+
 @pytest.mark.parametrize("name", registry.available("compressor"))
 def test_compressor_brings_its_memory_and_communicator(name):
+    """By name alone, the command line and `grace.build` bring the same parts, those the
+    compressor declares."""
     cfg = compose_train(f"compressor={name}")
-    cls = registry.get("compressor", name)
-    assert get_class(cfg.communicator._target_) is registry.get("communicator", cls.default_communicator)
-    assert get_class(cfg.memory._target_) is registry.get("memory", cls.default_memory)
+    required = any(p.default is p.empty for p in registry.options_of(registry.get(
+        "compressor", name)).values())  # compose: its stages, given as in its YAML file
+    try:
+        pipeline = build(OmegaConf.to_container(cfg.compressor, resolve=True) if required
+                         else name)
+    except MissingDependency as err:
+        pytest.skip(str(err))
+    brought = (registry.get("memory", pipeline.compressor.default_memory),
+               registry.get("communicator", pipeline.compressor.default_communicator))
+    assert parts_of(pipeline) == brought
+    assert parts_of(build_grace(cfg)) == brought
+
+
+# options that change what a compressor brings: the command line and Python must agree
+OPTION_DEPENDENT = [
+    ({"name": "natural", "rounding": "deterministic"},
+     ["compressor=natural", "compressor.rounding=deterministic"], ("residual", "allgather")),
+    ({"name": "natural", "wire": "int_fixed"},
+     ["compressor=natural", "compressor.wire=int_fixed"], ("none", "allreduce")),
+    ({"name": "deepreduce", "sparsifier": "dgc"},
+     ["compressor=deepreduce", "compressor/sparsifier=dgc"], ("dgc", "allgather")),
+    ({"name": "compose", "compressors": ["randomk", "fp16"]},
+     ["compressor=compose", "compressor.compressors=[{_target_: "
+      "gracecomm.compressors.randomk.RandomK}, {_target_: gracecomm.compressors.cast.FP16}]"],
+     ("residual", "allreduce")),
+]
+
+
+@pytest.mark.parametrize("spec,overrides,brought", OPTION_DEPENDENT)
+def test_command_line_and_python_bring_the_same_parts(spec, overrides, brought):
+    memory, communicator = brought
+    want = (registry.get("memory", memory), registry.get("communicator", communicator))
+    assert parts_of(build(spec)) == want
+    assert parts_of(build_grace(compose_train(*overrides))) == want
+
+
+def test_options_of_a_brought_part_take_a_plus():
+    cfg = compose_train("compressor=dgc", "+memory.clip_norm=5.0")
+    assert cfg.memory.clip_norm == 5.0 and cfg.memory.momentum == cfg.trainer.momentum
+    with pytest.raises(registry.ConfigError, match=r"memory 'residual' \(brought by "
+                       r"compressor 'topk' as memory=auto\): unknown option 'betaa'. "
+                       r"Did you mean 'beta'\?"):
+        compose_train("compressor=topk", "+memory.betaa=0.5")
 
 
 def test_user_choice_wins_over_compressor_default():
@@ -86,3 +136,44 @@ def test_unlisted_target_is_refused():
         instantiate({"_target_": "os.system", "command": "true"})
     with pytest.raises(registry.ConfigError, match="compressor.inner"):
         instantiate({"compressor": {"inner": {"_target_": "subprocess.run"}}})
+
+
+def part_files():
+    """Every part config with a class: the three groups and DeepReduce's nested ones."""
+    for group in KINDS:
+        yield from ((CONFIG_DIR / group).glob("*.yaml"))
+    yield from (p for p in (CONFIG_DIR / "compressor").glob("*/*.yaml")
+                if "_target_" in OmegaConf.load(p))
+
+
+@pytest.mark.parametrize("path", sorted(part_files()), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_yaml_options_are_the_python_defaults(path):
+    """A part's YAML file states its class's defaults, so that `compressor=x` on the command
+    line and ``build("x")`` in Python run the same method. Values that interpolate the run
+    (``${seed}``, ``${trainer.lr}``) and options without a default are exempt; an option whose
+    Python default is None stands for the class's (or module's) ``<OPTION>_DEFAULTS``."""
+    node = OmegaConf.load(path)
+    if "_target_" not in node:  # the memory's and communicator's `auto`
+        assert path.stem == "auto"
+        return
+    cls = get_class(node._target_)
+    params = registry.options_of(cls)
+    raw = OmegaConf.to_container(node, resolve=False)
+    for entry in raw.pop("defaults", []):  # nested parts chosen by name (DeepReduce's)
+        raw.update(entry)
+    for key, value in raw.items():
+        if key == "_target_" or (isinstance(value, str) and "${" in value):
+            continue
+        assert key in params, f"{path}: '{key}' is not an option of {cls.__qualname__}"
+        default = params[key].default
+        if default is params[key].empty:
+            continue
+        if default is None and isinstance(value, dict):
+            name = f"{key.upper()}_DEFAULTS"
+            default = getattr(cls, name, getattr(inspect.getmodule(cls), name, None))
+            assert default is not None, f"{path}: '{key}' defaults to None in Python and " \
+                                        f"{cls.__qualname__} has no {name} to compare with"
+        if isinstance(default, tuple):
+            default = list(default)
+        assert value == default, (f"{path}: option '{key}' is {value!r} in YAML but "
+                                  f"{default!r} in {cls.__qualname__}")

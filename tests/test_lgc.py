@@ -18,7 +18,8 @@ from gracecomm.compressors.lgc.layout import Plan, decode_stream, encode_stream
 from gracecomm.compressors.lgc.ps import LGCPS, similarity_loss
 from gracecomm.compressors.lgc.rar import LGCRar
 from gracecomm.experiments.bench.lgc import run as bench_lgc
-from gracecomm.experiments.lgc_report import read_run, report
+from gracecomm.experiments.lgc_report import report
+from gracecomm.experiments.report import read_run
 from gracecomm.experiments.models import ReferenceCNN
 
 

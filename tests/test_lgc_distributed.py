@@ -13,7 +13,8 @@ import grace
 from gracecomm.compressors.lgc.autoencoder import padded_length
 from gracecomm.compressors.lgc.ps import LGCPS
 from gracecomm.compressors.lgc.rar import LGCRar
-from gracecomm.experiments.lgc_report import phase_rows, read_run, report
+from gracecomm.experiments.lgc_report import phase_rows, report
+from gracecomm.experiments.report import read_run
 from gracecomm.experiments.models import ReferenceCNN
 from tests.helpers import run_ranks
 from tests.test_lgc import model_grads

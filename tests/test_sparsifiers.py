@@ -513,7 +513,7 @@ def test_trainer_moves_momentum_and_weight_decay_into_dgc_memory():
     from gracecomm.experiments.train import make_optimizer
     from tests.helpers import compose_train
 
-    cfg = compose_train("compressor=dgc", "memory.clip_norm=1e6", "trainer.weight_decay=0.1")
+    cfg = compose_train("compressor=dgc", "+memory.clip_norm=1e6", "trainer.weight_decay=0.1")
     model = nn.Linear(4, 3)
     model(torch.randn(5, 4)).sum().backward()
     pipe = grace.build({"name": "dgc", "ratio": 0.5, "sample_ratio": 1.0},

@@ -96,7 +96,7 @@ def offline_run(run_dir):
 @pytest.mark.timeout(900)  # two training runs of fresh processes
 def test_wandb_run_is_named_tagged_and_resumes_the_same_run(tmp_path):
     pytest.importorskip("wandb")
-    common = ["logger=wandb", "compressor=topk", "compressor.ratio=0.05", "memory.beta=0.5",
+    common = ["logger=wandb", "compressor=topk", "compressor.ratio=0.05", "+memory.beta=0.5",
               "trainer.world_size=1", "trainer.checkpoint_every=10"]
     first = train(tmp_path / "first", *common, "trainer.max_steps=50", timeout=400)
     assert first.returncode == 0, first.stderr[-3000:]

@@ -67,9 +67,8 @@ class DeepReduce(Compressor):
     index=BloomIndex(fpr=0.001, policy="p2"), value=PolyFitValues())``. Each part may also be
     a registry name or a mapping with ``name`` and options; ``sparsifier=None`` or ``"none"``
     keeps the nonzeros. `seed` drives the shared Bloom hashes and priorities. Not summable
-    (allgather)."""
+    (allgather); its default memory is the sparsifier's (DGC's momentum correction for dgc)."""
 
-    default_memory = "residual"
     default_communicator = "allgather"
 
     def __init__(self, sparsifier: Part | Compressor = "topk", index: Part | IndexCodec = "raw32",
@@ -83,6 +82,7 @@ class DeepReduce(Compressor):
                               "(topk, randomk, threshold, dgc, sidco, ...) or none (keep the "
                               f"nonzeros); got {self.sparsifier.label}")
         self.adopt_training_needs([self.sparsifier])
+        self.default_memory = self.sparsifier.default_memory
         self.index: IndexCodec = make_part(index, INDEX_CODECS, IndexCodec)
         self.value: ValueCodec = make_part(value, VALUE_CODECS, ValueCodec)
         self.seed = int(seed)

@@ -86,6 +86,7 @@ class LGC(Compressor):
     AE_DEFAULTS: ClassVar[dict[str, Any]] = {
         "optimizer": "adam", "lr": 1e-3, "lambda1": 1.0, "leaky_slope": 0.01,
         "input_scale": "rms"}
+    INDEX_CODING_DEFAULTS: ClassVar[dict[str, Any]] = {"delta": True, "zlib_level": 9}
 
     def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200,
                  ae_train_iters: int = 300, first_layer: Any = "auto",
@@ -101,7 +102,7 @@ class LGC(Compressor):
         self.first_layer = groups_option(label, "first_layer", first_layer)
         self.last_layer = groups_option(label, "last_layer", last_layer)
         self.seed = check_range(seed, label, "seed", 0, integer=True)
-        coding = options(label, "index_coding", index_coding, {"delta": True, "zlib_level": 9})
+        coding = options(label, "index_coding", index_coding, self.INDEX_CODING_DEFAULTS)
         self.delta = bool(coding["delta"])
         self.zlib_level = check_range(coding["zlib_level"], label, "index_coding.zlib_level",
                                       0, 9, integer=True)

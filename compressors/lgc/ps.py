@@ -86,6 +86,8 @@ class LGCPS(LGC):
     default_communicator = "parameter_server"
     decoder_innovation = True
     AE_DEFAULTS: ClassVar[dict[str, Any]] = {**LGC.AE_DEFAULTS, "lambda2": 0.5}
+    INNOVATION_DEFAULTS: ClassVar[dict[str, Any]] = {"mode": "fraction_of_topk", "beta": 0.1,
+                                                      "gamma": 1e-5}
 
     def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200,
                  ae_train_iters: int = 300, first_layer: Any = "auto",
@@ -98,8 +100,7 @@ class LGCPS(LGC):
                          index_coding, ae)
         self.leader_rank = check_range(leader_rank, self.label, "leader_rank", -1, integer=True)
         self.indices = check_choice(indices, ("own", "leader"), self.label, "indices")
-        inn = options(self.label, "innovation", innovation,
-                      {"mode": "fraction_of_topk", "beta": 0.1, "gamma": 1e-5})
+        inn = options(self.label, "innovation", innovation, self.INNOVATION_DEFAULTS)
         check_choice(inn["mode"], ("fraction_of_topk", "fraction_of_tensor"), self.label,
                      "innovation.mode")
         key = "beta" if inn["mode"] == "fraction_of_topk" else "gamma"
