@@ -23,7 +23,7 @@ from grace.exchange import Link, Rounds, Works
 from grace.pipeline import make_part
 from grace.registry import COMMUNICATORS, COMPRESSORS
 from grace.validation import ConfigError, IncompatibleError, PayloadError, check_range
-from grace.wire import pack_described, payload_nbytes, to_bytes, unpack_described
+from grace.wire import pack_described, payload_nbytes, unpack_described
 from gracecomm.communicators.allgather import padded_payloads
 
 
@@ -56,6 +56,8 @@ class ParameterServer(Communicator):
     `downlink`: a compressor applied to each
     averaged tensor before the broadcast (e.g. ``fp16``, ``topk``, ``natural``); its ctx must
     be the plain `TensorInfo` of the tensor, since workers decompress without it."""
+
+    child_attrs = ("downlink",)
 
     def __init__(self, master_rank: int = 0, downlink: Any = None, group: Any = None,
                  checksum: bool = False) -> None:
@@ -180,9 +182,3 @@ class ParameterServer(Communicator):
             return ()
         return (link.broadcast(tensor, self.master_rank, kind="ps_pull"),)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"downlink": self.downlink.state_dict()} if self.downlink is not None else {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.downlink is not None and "downlink" in state:
-            self.downlink.load_state_dict(state["downlink"])

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from grace.compressor import Compressor, Payload
-from grace.metrics import Metrics
 from grace.needs import Need
 from grace.pipeline import make_part
 from grace.registry import COMPRESSORS
@@ -44,6 +43,7 @@ class Compose(Compressor):
 
     default_communicator = "allgather"
     default_memory = "residual"
+    child_attrs = ("stages",)
 
     def __init__(self, compressors: Sequence[Compressor | str | Mapping[str, Any]]) -> None:
         super().__init__()
@@ -73,15 +73,6 @@ class Compose(Compressor):
         names = getattr(self, "stages", None)
         inner = "" if names is None else "(" + ", ".join(s.registry_name for s in names) + ")"
         return f"compressor 'compose{inner}'"
-
-    def bind(self, comm: Any, metrics: Metrics) -> None:
-        super().bind(comm, metrics)
-        for stage in self.stages:
-            stage.bind(comm, metrics)
-
-    def set_epoch(self, epoch: int) -> None:
-        for stage in self.stages:
-            stage.set_epoch(epoch)
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         payload, ctx = self.stages[0].compress(tensor, name)
@@ -121,9 +112,3 @@ class Compose(Compressor):
         return self.stages[0].aggregate([self.first_stage_payload(p, ctx) for p in payloads],
                                         ctx.ctxs[0])
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"stages": [s.state_dict() for s in self.stages]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for stage, sub in zip(self.stages, state["stages"]):
-            stage.load_state_dict(sub)

@@ -11,7 +11,6 @@ is `warmup_epochs` (`grace.schedule.RatioSchedule`; on in the ``dgc_reference`` 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
@@ -41,6 +40,7 @@ class DGC(ThresholdSparsifier):
     pipeline's ``check_finite`` (on by default) rejects such gradients before compression."""
 
     default_memory = "dgc"
+    child_attrs = ("streams",)
 
     def __init__(self, ratio: float = DEFAULT_RATIO, sample_ratio: float = 0.01,
                  sampling: str = "random", reselect_above: float = 1.0,
@@ -95,13 +95,6 @@ class DGC(ThresholdSparsifier):
         if indices.numel() > self.reselect_above * k:  # hierarchical re-selection
             indices = top_k_of(x, indices, k, self.backend)
         return Selection(indices, thr)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "streams": self.streams.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.streams.load_state_dict(state["streams"])
 
 
 DGCReference = COMPRESSORS.preset(

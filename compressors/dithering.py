@@ -80,6 +80,7 @@ class Dithering(Compressor):
 
     fixed_size = True
     default_communicator = "allgather"
+    child_attrs = ("streams",)
     natural_levels: ClassVar[bool] = False
     max_levels: ClassVar[int] = 2**16 - 1
 
@@ -205,11 +206,6 @@ class Dithering(Compressor):
             raise PayloadError(f"dithering level plane holds codes above {self.levels} "
                                "(reserved)")
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"streams": self.streams.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.streams.load_state_dict(state["streams"])
 
 
 @COMPRESSORS.register("standard_dithering")

@@ -72,6 +72,7 @@ class Natural(Compressor):
 
     fixed_size = True
     default_communicator = "allgather"
+    child_attrs = ("streams",)
 
     def __init__(self, rounding: str = "stochastic", wire: str = "nat9",
                  exp_range: Sequence[int] = (-50, 10), low_clip: str = "stochastic",
@@ -267,11 +268,6 @@ class Natural(Compressor):
         exps = torch.where(zero, 0, offset + (self.e_min + F32.bias))
         return ((exps << 23) | sign_bits(code >> 7)).view(torch.float32)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"streams": self.streams.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.streams.load_state_dict(state["streams"])
 
 
 def nat9_planes(payload: Payload, n: int) -> tuple[torch.Tensor, torch.Tensor]:

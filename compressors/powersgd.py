@@ -34,7 +34,7 @@ memory's, so the kept Q is the aggregate.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +116,7 @@ class PowerSGD(Compressor):
     default_communicator = "allreduce"
     default_memory = "residual"
     communicators = ("allreduce",)
+    state_attrs = ("q", "steps")  # and the RNG's state, below
 
     def __init__(self, rank: int = 2, warm_start: bool = True, seed: int = 0,
                  start_iter: int = 0, min_compression_rate: float = 1.0,
@@ -228,14 +229,14 @@ class PowerSGD(Compressor):
         return approx.to(ctx.info.dtype).view(ctx.info.shape)
 
     def state_dict(self) -> dict[str, Any]:
+        """With numpy's RNG state as tensors and numbers (``weights_only`` checkpoints)."""
         kind, keys, pos, has_gauss, cached = self.rng.get_state()
-        return {"q": dict(self.q), "steps": dict(self.steps),
+        return {**super().state_dict(),
                 "rng": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                         "has_gauss": int(has_gauss), "cached": float(cached)}}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.q = dict(state["q"])
-        self.steps = dict(state["steps"])
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
         rng = state["rng"]
         self.rng.set_state(("MT19937", rng["keys"].numpy().astype(np.uint32), rng["pos"],
                             rng["has_gauss"], rng["cached"]))

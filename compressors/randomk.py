@@ -85,6 +85,7 @@ class RandomK(Compressor):
     fixed_size = True
     default_communicator = "allreduce"
     default_memory = "residual"
+    child_attrs = ("streams",)
     training_defaults = MappingProxyType({"momentum": 0.0})
     sensitivities = (("trainer.momentum: with error feedback each coordinate is sent with "
                       "about 1/ratio steps of residual at once, and heavy-ball momentum on "
@@ -118,8 +119,3 @@ class RandomK(Compressor):
     def decompress(self, payload: Payload, ctx: RandomKCtx) -> torch.Tensor:
         return desparsify(payload[0], ctx.indices, ctx.info)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"streams": self.streams.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.streams.load_state_dict(state["streams"])

@@ -229,6 +229,8 @@ class SIDCo(ThresholdSparsifier):
     tensors smaller than this by exact Top-k (G3, besides d < 1/ratio); ``max_overshoot`` c
     trims a selection above c k to its exact top k (G7)."""
 
+    state_attrs = ("pool", "anchor")  # and the adapters, below
+
     def __init__(self, ratio: float = DEFAULT_RATIO, variant: str = "sidco_e",
                  first_stage_ratio: float = 0.25, stages: int | str = "auto",
                  stage_ratio: str = "fixed",
@@ -435,15 +437,13 @@ class SIDCo(ThresholdSparsifier):
             return exponential_quantile(mean, rho)
         return gp_quantile(alpha, beta, rho)
 
-    # -- checkpoints ---------------------------------------------------------------------------
+    # -- checkpoints: the adapters are created on first use, so they restore by name ---------
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "pool": list(self.pool), "anchor": self.anchor,
+        return {**super().state_dict(),
                 "adapters": {n: a.state_dict() for n, a in self.adapters.items()}}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
-        self.pool = [float(v) for v in state["pool"]]
-        self.anchor = state["anchor"]
         self.adapters = {}
         for name, adapter_state in state["adapters"].items():
             self.adapter(name if self.adapt["scope"] == "tensor" else "*").load_state_dict(

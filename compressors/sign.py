@@ -171,6 +171,7 @@ class Signum(MajorityVote):
     momentum lives here, so the optimizer runs without it (`Need.OWNS_MOMENTUM`)."""
 
     training_defaults = MappingProxyType({"lr": 0.001})
+    state_attrs = ("momentums",)
 
     def __init__(self, momentum: float = 0.9) -> None:
         super().__init__()
@@ -188,11 +189,6 @@ class Signum(MajorityVote):
         self.momentums[name] = m
         return m
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"momentums": dict(self.momentums)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.momentums = dict(state["momentums"])
 
 
 @COMPRESSORS.register("efsignsgd")

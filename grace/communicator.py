@@ -27,13 +27,14 @@ import torch.distributed as dist
 from grace.compressor import Compressor, Payload
 from grace.exchange import Continuations, Exchange, Link, Rounds, Works
 from grace.metrics import Metrics
+from grace.state import Stateful
 from grace.validation import IncompatibleError, PayloadError, check_choice
 from grace.wire import DTYPES, dtype_code, from_bytes, payload_nbytes, to_bytes
 
 Item = tuple[Payload, Any, str]  # (payload, ctx, tensor name)
 
 
-class Communicator(ABC):
+class Communicator(Stateful, ABC):
     """Base class of all communicators."""
 
     registry_name: ClassVar[str] = ""
@@ -117,12 +118,6 @@ class Communicator(ABC):
     def send_receive_many(self, items: Sequence[Item]) -> list[torch.Tensor]:
         """`send_receive` for several tensors at once, synchronously."""
         return self.start(items).wait()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned."""
 
     # -- accounted collectives ------------------------------------------------------------
     def count(self, wire_bytes: int, sent_bytes: int | None = None) -> None:

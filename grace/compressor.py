@@ -20,6 +20,7 @@ import torch
 
 from grace.metrics import Metrics
 from grace.needs import Need
+from grace.state import Stateful
 from grace.validation import ConfigError
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class TensorInfo:
         return self.shape.numel()
 
 
-class Compressor(ABC):
+class Compressor(Stateful, ABC):
     """Base class of all compressors.
 
     Capabilities (class attributes, checked by communicators when the pipeline is built):
@@ -100,9 +101,12 @@ class Compressor(ABC):
         return frozenset({Need.WHOLE_MODEL}) if self.model_level else frozenset()
 
     def bind(self, comm: Communicator | None, metrics: Metrics) -> None:
-        """Called by the pipeline: share its metrics and give access to accounted collectives."""
+        """Called by the pipeline: share its metrics and give access to accounted collectives;
+        the compressors inside this one (``child_attrs``, `grace.state`) are bound alike."""
         self.comm = comm
         self.metrics = metrics
+        for part in self.nearest(Compressor):
+            part.bind(comm, metrics)
 
     @abstractmethod
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
@@ -189,11 +193,7 @@ class Compressor(ABC):
         self.sensitivities = tuple(dict.fromkeys(s for p in parts for s in p.sensitivities))
 
     def set_epoch(self, epoch: int) -> None:
-        """Hook for schedules that change with the epoch (e.g. DGC's warm-up ratio)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """State needed to resume bit-identically (tensors and plain Python values only)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned."""
+        """Hook for schedules that change with the epoch (e.g. DGC's warm-up ratio); by
+        default passed on to the compressors inside this one."""
+        for part in self.nearest(Compressor):
+            part.set_epoch(epoch)

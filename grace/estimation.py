@@ -67,6 +67,7 @@ class ThresholdSparsifier(Sparsifier):
     ``fixed_size`` is False and the allgather communicator exchanges sizes first."""
 
     fixed_size = False
+    state_attrs = ("ratio", "calls")
 
     def __init__(self, ratio: float, *, backend: str = "auto", nonfinite: str = "raise",
                  warmup_epochs: int = 0, warmup_ratios: Sequence[float] | None = None) -> None:
@@ -132,9 +133,3 @@ class ThresholdSparsifier(Sparsifier):
     def ratio_changed(self) -> None:
         """Hook: the warm-up schedule changed the density (SIDCo resets its adaptation)."""
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"ratio": self.ratio, "calls": dict(self.calls)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ratio = float(state["ratio"])
-        self.calls = {str(k): int(v) for k, v in state["calls"].items()}

@@ -16,12 +16,13 @@ import torch
 
 from grace.metrics import Metrics
 from grace.needs import Need
+from grace.state import Stateful
 
 if TYPE_CHECKING:
     from grace.compressor import Compressor, Payload
 
 
-class Memory(ABC):
+class Memory(Stateful, ABC):
     """Base class of all memories."""
 
     registry_name: ClassVar[str] = ""
@@ -65,9 +66,3 @@ class Memory(ABC):
     def set_local_norm(self, norm: float) -> None:
         """The norm of all local gradients of the step, given by the pipeline before any of
         them is compensated, to memories that need `Need.GLOBAL_NORM` (DGC's clipping)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned."""

@@ -23,6 +23,7 @@ from grace.memory import Memory
 from grace.metrics import Metrics
 from grace.needs import Need
 from grace.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, Registry
+from grace.state import Stateful
 from grace.validation import (ConfigError, NonFiniteError, PayloadError, check_tensor,
                               is_finite)
 
@@ -31,7 +32,7 @@ MODEL_ITEM = "model"  # the name of the joint item of a model-level compressor
 Named = Sequence[tuple[str, torch.Tensor]]
 
 
-class Grace:
+class Grace(Stateful):
     """One compressor, one memory and one communicator sharing one `Metrics`.
 
     Non-finite gradients: with `check_finite` (the default) a gradient holding NaN or Inf
@@ -46,7 +47,12 @@ class Grace:
     `needs` is what the parts need from the exchange (`grace.needs`): `step_many` gives
     a memory that needs it the norm of the tensors of its call, and `GradientExchange` (the
     DDP hook and custom loops) takes care of the rest.
+
+    `state_dict` holds everything needed to resume bit-identically: the three parts' states
+    (plain tensors and Python values; loadable with ``weights_only=True``).
     """
+
+    child_attrs = ("compressor", "memory", "communicator")
 
     def __init__(self, compressor: Compressor, memory: Memory, communicator: Communicator,
                  *, check_finite: bool = True) -> None:
@@ -240,16 +246,6 @@ class Grace:
         """Forward the epoch to schedules (e.g. a warm-up of the compression ratio)."""
         self.compressor.set_epoch(epoch)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume bit-identically: compressor, memory and communicator
-        state (plain tensors and Python values; loadable with ``weights_only=True``)."""
-        return {"compressor": self.compressor.state_dict(), "memory": self.memory.state_dict(),
-                "communicator": self.communicator.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.compressor.load_state_dict(state["compressor"])
-        self.memory.load_state_dict(state["memory"])
-        self.communicator.load_state_dict(state["communicator"])
 
 
 def snapshot(state: Any) -> Any:

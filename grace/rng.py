@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from grace.state import Stateful
+
 
 def stable_hash(*parts: Any) -> int:
     """A 63-bit hash of `parts` that is identical in every process and on every machine."""
@@ -16,10 +18,12 @@ def stable_hash(*parts: Any) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-class SharedStreams:
+class SharedStreams(Stateful):
     """Per-tensor call counters from which shared seeds are derived: seed s = H(base, name, c)
     for the c-th call with `name`. Ranks agree as long as each compresses the same tensors
     the same number of times, which the pipeline guarantees."""
+
+    state_attrs = ("seed", "counters")
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
@@ -35,10 +39,3 @@ class SharedStreams:
         gen = torch.Generator(device=device)
         gen.manual_seed(self.next_seed(name))
         return gen
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "counters": dict(self.counters)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.seed = int(state["seed"])
-        self.counters = {str(k): int(v) for k, v in state["counters"].items()}

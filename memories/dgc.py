@@ -35,6 +35,8 @@ from grace.validation import ConfigError, check_choice, check_range
 @MEMORIES.register("dgc")
 class DGCMemory(Memory):
 
+    state_attrs = ("u", "v", "local_norm")
+
     def __init__(self, momentum: float = 0.9, nesterov: bool = False,
                  clip_norm: float | None = None, clip_scope: str = "model") -> None:
         super().__init__()
@@ -92,9 +94,3 @@ class DGCMemory(Memory):
         u[sent] = 0
         v[sent] = 0
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"u": dict(self.u), "v": dict(self.v), "local_norm": self.local_norm}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.u, self.v = dict(state["u"]), dict(state["v"])
-        self.local_norm = state["local_norm"]

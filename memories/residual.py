@@ -24,6 +24,8 @@ from grace.validation import check_choice, check_range
 
 @MEMORIES.register("residual")
 class ResidualMemory(Memory):
+    state_attrs = ("residuals",)
+
     def __init__(self, beta: float = 1.0, gamma: float = 1.0, reference: str = "own") -> None:
         super().__init__()
         self.beta = float(check_range(beta, self.label, "beta", 0.0))
@@ -52,8 +54,3 @@ class ResidualMemory(Memory):
         if compressor.feeds_back(ctx):
             self.residuals[name] = tensor - mean
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"residuals": dict(self.residuals)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.residuals = dict(state["residuals"])

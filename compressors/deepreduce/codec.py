@@ -18,9 +18,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from grace.communicator import Communicator
 from grace.deflate import byte_tensor
 from grace.registry import Registry, add_registry
+from grace.state import Stateful
 from grace.validation import PayloadError
 
 INDEX_CODECS = add_registry(Registry("index_codec", builtin="gracecomm.compressors.deepreduce"))
@@ -53,7 +53,7 @@ class Selection:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-class IndexCodec(ABC):
+class IndexCodec(Stateful, ABC):
     """Encodes an index set. Lossless codecs send S itself; lossy ones (Bloom) decode to a
     selection S~ and say in `select` which values the sender must send for it.
 
@@ -83,7 +83,7 @@ class IndexCodec(ABC):
         """The n decoded positions (int64), ascending unless ``any_order``."""
 
 
-class ValueCodec(ABC):
+class ValueCodec(Stateful, ABC):
     """Encodes a float32 value array. Order-preserving codecs decode the i-th value as the
     i-th; ``sorts`` codecs (curve fitting) decode values in the canonical sorted order of
     `gracecomm.compressors.deepreduce.fitting.canonical_order` and return that order from `encode`."""
@@ -106,14 +106,6 @@ class ValueCodec(ABC):
     def decode(self, section: torch.Tensor, n: int, ctx: CodecCtx) -> torch.Tensor:
         """n float32 values (in canonical sorted order for ``sorts`` codecs)."""
 
-    def bind(self, comm: Communicator | None) -> None:
-        """Called when the owning compressor is bound (codecs that need the rank)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned."""
 
 
 # ---------------------------------------------------------------------------------------

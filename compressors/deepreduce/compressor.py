@@ -23,9 +23,7 @@ from typing import Any
 
 import torch
 
-from grace.communicator import Communicator
 from grace.compressor import Compressor, Payload, TensorInfo
-from grace.metrics import Metrics
 from grace.pipeline import make_part
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams, stable_hash
@@ -70,6 +68,7 @@ class DeepReduce(Compressor):
     (allgather); its default memory is the sparsifier's (DGC's momentum correction for dgc)."""
 
     default_communicator = "allgather"
+    child_attrs = ("streams", "sparsifier", "index", "value")
 
     def __init__(self, sparsifier: Part | Compressor = "topk", index: Part | IndexCodec = "raw32",
                  value: Part | ValueCodec = "raw", seed: int = 0) -> None:
@@ -89,14 +88,6 @@ class DeepReduce(Compressor):
         self.streams = SharedStreams(self.seed)
         self.tensor_seeds: dict[str, int] = {}  # one per tensor name
         self.flags: dict[Flag, Flag] = {}  # `_expected_flags`, per kind of container
-
-    def bind(self, comm: Communicator | None, metrics: Metrics) -> None:
-        super().bind(comm, metrics)
-        self.sparsifier.bind(comm, metrics)
-        self.value.bind(comm)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sparsifier.set_epoch(epoch)
 
     def _indices(self, flat: torch.Tensor, name: str) -> torch.Tensor:
         """The sparsifier's index set, ascending (the project's sparsifiers already send
@@ -218,11 +209,3 @@ class DeepReduce(Compressor):
         out.index_copy_(0, positions, values.to(info.dtype))
         return out.view(info.shape)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"streams": self.streams.state_dict(), "sparsifier": self.sparsifier.state_dict(),
-                "value": self.value.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.streams.load_state_dict(state["streams"])
-        self.sparsifier.load_state_dict(state["sparsifier"])
-        self.value.load_state_dict(state["value"])

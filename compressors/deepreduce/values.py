@@ -4,11 +4,11 @@ float32, fp16, DEFLATE and QSGD. The curve-fitting codecs are in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from grace.communicator import Communicator
 from grace.compressor import TensorInfo
 from grace.deflate import deflate, inflate
 from grace.validation import PayloadError, check_range
@@ -77,13 +77,11 @@ class QSGDValues(ValueCodec):
     unbiased, rounding noise independent across ranks (options `rng` and `seed` as there)."""
 
     codec_id = 4
+    child_attrs = ("qsgd",)  # bound with the owning compressor (the rank keys the noise)
 
     def __init__(self, levels: int = 127, bucket: int = 512, rng: str = "counter",
                  seed: int = 0) -> None:
         self.qsgd = QSGD(levels, bucket, rng, seed)
-
-    def bind(self, comm: Communicator | None) -> None:
-        self.qsgd.bind(comm, self.qsgd.metrics)  # the rank keys the rounding noise
 
     def encode(self, values: torch.Tensor, ctx: CodecCtx) -> tuple[torch.Tensor, None]:
         payload, _ = self.qsgd.compress(values, ctx.name)
@@ -101,7 +99,8 @@ class QSGDValues(ValueCodec):
                                                                        torch.float32))
 
     def state_dict(self) -> dict[str, Any]:
+        """The QSGD stage's state itself, not nested: the layout of checkpoint format 2."""
         return self.qsgd.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.qsgd.load_state_dict(state)

@@ -82,6 +82,7 @@ class LGC(Compressor):
 
     model_level = True
     default_memory = "residual"
+    state_attrs = ("step", "synced", "ae_skipped")  # and the autoencoder, below
     decoder_innovation: ClassVar[bool] = False
     AE_DEFAULTS: ClassVar[dict[str, Any]] = {
         "optimizer": "adam", "lr": 1e-3, "lambda1": 1.0, "leaky_slope": 0.01,
@@ -333,18 +334,16 @@ class LGC(Compressor):
 
     # -- checkpoint ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"step": self.step, "synced": self.synced,
-                                 "ae_skipped": self.ae_skipped}
+        """With the autoencoder and its optimizer once they exist."""
+        state = super().state_dict()
         if self.encoder is not None:  # copies: the autoencoder trains in place
             state["encoder"] = copy.deepcopy(self.encoder.state_dict())
             state["decoders"] = [copy.deepcopy(d.state_dict()) for d in self.decoders]
             state["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step = int(state["step"])
-        self.synced = bool(state["synced"])
-        self.ae_skipped = int(state["ae_skipped"])
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
         if "encoder" in state:
             device = state["encoder"]["net.0.weight"].device
             self.encoder = None

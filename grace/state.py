@@ -1,0 +1,91 @@
+"""State that recurses, as in `torch.nn.Module`: a class declares which of its attributes
+are checkpointed and which hold sub-parts, and `state_dict` / `load_state_dict` walk them.
+
+- ``state_attrs`` name attributes whose values are the state itself: tensors, plain Python
+  values, or dicts and lists of them (per-tensor residuals, counters).
+- ``child_attrs`` name attributes holding parts that are themselves `Stateful` (a part, a
+  list of parts, or None): their states nest under the attribute's name. A single
+  child with an empty state (or None) writes no entry, and a missing entry loads as empty,
+  so adding a stateless sub-part does not change the checkpoint format.
+
+Both tuples accumulate over the class hierarchy (a subclass lists only what it adds), and a
+class with real custom logic (an RNG whose state is not a plain value, a lazily created
+child) overrides the two methods and calls ``super()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, TypeVar
+
+T = TypeVar("T")
+
+
+class Stateful:
+    """A part whose checkpoint state is declared, not hand-written."""
+
+    state_attrs: ClassVar[tuple[str, ...]] = ()
+    child_attrs: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def _declared(cls, kind: str) -> tuple[str, ...]:
+        names: dict[str, None] = {}
+        for klass in reversed(cls.__mro__):
+            names.update(dict.fromkeys(vars(klass).get(kind, ())))
+        return tuple(names)
+
+    def children(self) -> Iterator[Stateful]:
+        """Every sub-part, in declaration order (lists of parts flattened)."""
+        for attr in self._declared("child_attrs"):
+            value = getattr(self, attr)
+            yield from (v for v in (value if isinstance(value, (list, tuple)) else (value,))
+                        if v is not None)
+
+    def nearest(self, kind: type[T]) -> Iterator[T]:
+        """The closest sub-parts of type `kind`: children of that type, and those found
+        below children of other types (a compressor inside a codec), not below them."""
+        for child in self.children():
+            if isinstance(child, kind):
+                yield child
+            else:
+                yield from child.nearest(kind)
+
+    def state_dict(self) -> dict[str, Any]:
+        """State needed to resume bit-identically (tensors and plain Python values only);
+        containers are copied, tensors are the part's own (parts replace their state tensors
+        instead of writing into them)."""
+        state = {attr: _copy(getattr(self, attr)) for attr in self._declared("state_attrs")}
+        for attr in self._declared("child_attrs"):
+            value = getattr(self, attr)
+            if isinstance(value, (list, tuple)):
+                state[attr] = [child.state_dict() for child in value]
+            elif value is not None and (sub := value.state_dict()):
+                state[attr] = sub
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        for attr in self._declared("state_attrs"):
+            if attr not in state:
+                raise ValueError(f"{type(self).__name__}: the state has no entry '{attr}' "
+                               f"(entries: {', '.join(map(str, state)) or 'none'})")
+            setattr(self, attr, _copy(state[attr]))
+        for attr in self._declared("child_attrs"):
+            value = getattr(self, attr)
+            if isinstance(value, (list, tuple)):
+                if len(state[attr]) != len(value):
+                    raise ValueError(f"{type(self).__name__}: the state has {len(state[attr])} "
+                                     f"entries for '{attr}', this part has {len(value)}")
+                for child, sub in zip(value, state[attr]):
+                    child.load_state_dict(sub)
+            elif value is not None:
+                value.load_state_dict(state.get(attr, {}))
+
+
+def _copy(value: Any) -> Any:
+    """A new container around the same values (dicts and lists), or the value itself."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, list):
+        return list(value)
+    return value
