@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 
 from grace.compressor import Compressor, Payload, TensorInfo
-from grace.exceedance import count_infinite
+from gracecomm.compressors.shared.exceedance import count_infinite
 from grace.registry import COMPRESSORS
 from grace.sparse import dense_empty
 from grace.validation import expect_payload

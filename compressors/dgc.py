@@ -5,7 +5,7 @@ exactly k among them (hierarchical selection).
 
 Pair it with `gracecomm.memories.dgc.DGCMemory` (momentum correction, momentum factor masking, local
 gradient clipping; the default) or with residual memory; the density warm-up of DGC's Sec. 3.4
-is `warmup_epochs` (`grace.schedule.RatioSchedule`; on in the ``dgc_reference`` preset).
+is `warmup_epochs` (`gracecomm.compressors.shared.schedule.RatioSchedule`; on in the ``dgc_reference`` preset).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from grace.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
-from grace.exceedance import above, below, count_above, select, top_k_of
+from gracecomm.compressors.shared.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
+from gracecomm.compressors.shared.exceedance import above, below, count_above, select, top_k_of
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams
 from grace.sparse import DEFAULT_RATIO

@@ -8,7 +8,7 @@ probability (y_i - l_{u+1}) / (l_u - l_{u+1}); the output is ||x||_p sign(x_i) x
 
 - standard levels {0, 1/s, ..., 1};
 - natural levels {0, 2^(1-s), ..., 1/2, 1}: above 2^(1-s) this is natural compression of y
-  (`grace.stochastic.natural_round_bits`), below it rounds between 0 and 2^(1-s). Theorem 5:
+  (`gracecomm.compressors.shared.stochastic.natural_round_bits`), below it rounds between 0 and 2^(1-s). Theorem 5:
   s natural levels match the variance of 2^(s-1) standard ones.
 
 ``norm_compression: natural`` sends C_nat(||x||_p) instead of the norm (an independent draw,
@@ -31,7 +31,7 @@ import torch
 
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
-from grace.stochastic import (FLOAT_BITS, RandomStreams, check_rng, natural_round,
+from gracecomm.compressors.shared.stochastic import (FLOAT_BITS, RandomStreams, check_rng, natural_round,
                               natural_round_bits, random_bits, second_key, uniform, use_kernels)
 from grace.validation import (ConfigError, PayloadError, check_choice, check_range, expect_payload,
                               wire_float32)
@@ -145,7 +145,7 @@ class Dithering(Compressor):
             norms = sent.to(x.dtype)  # y relative to the norm the receiver multiplies with
         inverse = torch.where(norms > 0, self.units / norms, torch.zeros_like(norms))
         if self.rng == "counter" and self.code_bits <= 8 and use_kernels(x):
-            from grace.kernels import dither_encode
+            from gracecomm.compressors.shared.kernels import dither_encode
 
             signs, codes = dither_encode(x.numpy(), inverse.numpy(), size, self.units,
                                          self.natural_levels, key, self.code_bits)
@@ -185,7 +185,7 @@ class Dithering(Compressor):
             return torch.empty(ctx.shape, dtype=ctx.dtype, device=payloads[0][0].device)
         size, _ = self.buckets(n)
         if self._fused(payloads[0]):
-            from grace.kernels import dither_sum
+            from gracecomm.compressors.shared.kernels import dither_sum
 
             table = self.level_values(torch.arange(self.levels + 1, dtype=self.code_dtype))
             values, top = dither_sum(tuple(p[1].numpy() for p in payloads),

@@ -20,8 +20,8 @@ from statistics import NormalDist
 
 import torch
 
-from grace.estimation import Selection, ThresholdSparsifier, empty_selection
-from grace.exceedance import above, count_above, moments, select
+from gracecomm.compressors.shared.estimation import Selection, ThresholdSparsifier, empty_selection
+from gracecomm.compressors.shared.exceedance import above, count_above, moments, select
 from grace.registry import COMPRESSORS
 from grace.sparse import DEFAULT_RATIO
 from grace.validation import check_range

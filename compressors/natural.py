@@ -5,7 +5,7 @@ Every element t != 0 becomes sign(t) 2^k or sign(t) 2^(k+1), k = floor(log2 |t|)
 with probability (|t| - 2^k) / 2^k, which for IEEE floats is the mantissa M / 2^23. Unbiased,
 with E[C(t)^2] <= 9/8 t^2 (Theorem 1: C_nat is in B(9/8)). One pass on the int32 view b:
 (b + R) & 0xFF800000 with R uniform in [0, 2^23): the carry out of the mantissa is the
-rounding up (`grace.stochastic.natural_round_bits`).
+rounding up (`gracecomm.compressors.shared.stochastic.natural_round_bits`).
 
 Wire formats (option ``wire``; payload bytes for n elements):
 
@@ -32,7 +32,7 @@ zero``, counted as ``nonfinite``). float16 and bfloat16 are rounded in float32 a
 ``rounding: deterministic`` rounds to the nearer power of two ((b + 2^22) & 0xFF800000, ties
 up): biased (relative error at most 1/3), no random numbers; pair it with residual memory.
 
-Random numbers (``rng``): ``counter`` draws mix(element index, key) (`grace.stochastic`); on
+Random numbers (``rng``): ``counter`` draws mix(element index, key) (`gracecomm.compressors.shared.stochastic`); on
 CPU with numba installed a fused kernel draws, rounds and writes the nat9 planes in one pass.
 ``torch`` uses ``torch.randint``. Same distribution, different bits.
 """
@@ -47,7 +47,7 @@ import torch
 
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
-from grace.stochastic import (FLOAT_BITS, RandomStreams, check_rng, kernels_enabled,
+from gracecomm.compressors.shared.stochastic import (FLOAT_BITS, RandomStreams, check_rng, kernels_enabled,
                               natural_round_bits, random_bits, second_key, use_kernels)
 from grace.validation import (ConfigError, PayloadError, check_choice, check_range,
                               expect_payload, nonfinite_error)
@@ -172,7 +172,7 @@ class Natural(Compressor):
                    name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """nat9 planes of float32 `x`: (biased exponents of C_nat(x) as uint8, packed signs)."""
         if self.rng == "counter" and use_kernels(x):
-            from grace.kernels import nat9_encode
+            from gracecomm.compressors.shared.kernels import nat9_encode
 
             exps, signs, top = nat9_encode(x.numpy().view(np.uint32), key, self.stochastic)
             if top >= 0x7F800000:  # Inf or NaN: apply the rule, then round again
@@ -284,7 +284,7 @@ def sum_nat9(planes: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tenso
     `PayloadError`."""
     n = planes[0][0].numel()
     if kernels_enabled(planes[0][0].device):
-        from grace.kernels import nat9_sum
+        from gracecomm.compressors.shared.kernels import nat9_sum
 
         values, top = nat9_sum(tuple(e.contiguous().numpy() for e, _ in planes),
                                tuple(s.contiguous().numpy() for _, s in planes), n)

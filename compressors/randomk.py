@@ -14,7 +14,7 @@ from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams
 from grace.sparse import DEFAULT_RATIO, desparsify, index_mask
-from grace.stochastic import counter_hash, kernels_enabled, second_key
+from gracecomm.compressors.shared.stochastic import counter_hash, kernels_enabled, second_key
 from grace.validation import check_choice, check_ratio, num_kept
 
 SUBSET_LIMIT = 2**31  # tensors up to this size: the draws' arithmetic is exact in int64
@@ -28,7 +28,7 @@ class RandomKCtx:
 
 def draws(n: int, d: int, key: int, key2: int, device: torch.device) -> torch.Tensor:
     """The draws j(0), ..., j(n - 1) in [0, d): j(i) = floor(u d / 2^64) for the 64-bit
-    u = (mix(i, key) << 32) | mix(i, key2) of the counter generator (`grace.stochastic`), a
+    u = (mix(i, key) << 32) | mix(i, key2) of the counter generator (`gracecomm.compressors.shared.stochastic`), a
     uniform index to within d / 2^64."""
     i = torch.arange(n, dtype=torch.int64, device=device)
     return (counter_hash(i, key) * d + ((counter_hash(i, key2) * d) >> 32)) >> 32
@@ -56,13 +56,13 @@ def first_distinct(d: int, m: int, key: int, key2: int, device: torch.device) ->
 def random_subset(d: int, k: int, key: int, device: torch.device) -> torch.Tensor:
     """Ascending int64 positions of a uniformly random k-subset of range(d) for the shared
     `key`: the first k distinct draws, or for k > d/2 all but the first d - k (so at most
-    d/2 values are ever drawn). One numba call on CPU (`grace.kernels.random_subset`, a
+    d/2 values are ever drawn). One numba call on CPU (`gracecomm.compressors.shared.kernels.random_subset`, a
     bitmap), the same positions from torch on other devices."""
     if d >= SUBSET_LIMIT:
         raise ValueError(f"randomk draws indices of tensors below 2**31 elements, got {d}")
     key2 = second_key(key)
     if kernels_enabled(device):
-        from grace.kernels import random_subset as subset_kernel
+        from gracecomm.compressors.shared.kernels import random_subset as subset_kernel
 
         return torch.from_numpy(subset_kernel(d, k, key, key2))
     if 2 * k <= d:

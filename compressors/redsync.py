@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from grace.estimation import Selection, ThresholdSparsifier, empty_selection
-from grace.exceedance import above, count_above, moments, select
+from gracecomm.compressors.shared.estimation import Selection, ThresholdSparsifier, empty_selection
+from gracecomm.compressors.shared.exceedance import above, count_above, moments, select
 from grace.registry import COMPRESSORS
 from grace.sparse import DEFAULT_RATIO
 

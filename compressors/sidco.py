@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from scipy import special
 
-from grace.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
-from grace.exceedance import (Moments, above, below, count_above, moments, rounded, select,
+from gracecomm.compressors.shared.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
+from gracecomm.compressors.shared.exceedance import (Moments, above, below, count_above, moments, rounded, select,
                               top_k_of)
 from grace.registry import COMPRESSORS
 from grace.rng import stable_hash

@@ -28,7 +28,7 @@ import torch
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.needs import Need
 from grace.registry import COMPRESSORS
-from grace.stochastic import kernels_enabled, use_kernels
+from gracecomm.compressors.shared.stochastic import kernels_enabled, use_kernels
 from grace.validation import PayloadError, check_range, expect_payload, wire_float32
 from grace.wire import pack_bits, packed_nbytes, unpack_bits
 
@@ -87,7 +87,7 @@ class SignCompressor(Compressor):
         lows, highs = torch.stack([self.values(p[1] if self.num_scales else empty)
                                    for p in payloads]).T
         if ctx.dtype == torch.float32 and kernels_enabled(payloads[0][0].device):
-            from grace.kernels import signs_sum
+            from gracecomm.compressors.shared.kernels import signs_sum
 
             return torch.from_numpy(signs_sum(tuple(p[0].numpy() for p in payloads),
                                               lows.contiguous().numpy(),
@@ -114,7 +114,7 @@ def sign_plane(x: torch.Tensor, stats: bool = False) -> tuple[torch.Tensor, Sign
     """(packed sign bits of the 1-D `x`, set where the sign bit is, -0.0 included; and with
     `stats` its `SignStats`)."""
     if use_kernels(x):
-        from grace.kernels import pack_signs
+        from gracecomm.compressors.shared.kernels import pack_signs
 
         signs, count, negative_sum, abs_sum = pack_signs(x.numpy(), stats)
         return torch.from_numpy(signs), SignStats(count, negative_sum, abs_sum) if stats else None
@@ -139,7 +139,7 @@ class MajorityVote(SignCompressor):
                             dtype=torch.int16 if len(payloads) < 2**15 else torch.int32)
         fused = kernels_enabled(device)
         if fused:
-            from grace.kernels import count_signs
+            from gracecomm.compressors.shared.kernels import count_signs
         for payload in payloads:
             self.check(payload, ctx)
             if fused:

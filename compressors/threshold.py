@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grace.exceedance import check_backend, layout, select
+from gracecomm.compressors.shared.exceedance import check_backend, layout, select
 from grace.registry import COMPRESSORS
 from grace.sparse import Sparsifier
 from grace.validation import check_range
@@ -14,7 +14,7 @@ from grace.validation import check_range
 @COMPRESSORS.register("threshold")
 class Threshold(Sparsifier):
     """Select |g_i| >= threshold, compared in the tensor's dtype, in one fused pass
-    (`grace.exceedance.select`; ``backend`` auto | numba | torch)."""
+    (`gracecomm.compressors.shared.exceedance.select`; ``backend`` auto | numba | torch)."""
 
     has_target = False
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from grace.compressor import Payload
-from grace.exceedance import check_backend, layout, top_k
+from gracecomm.compressors.shared.exceedance import check_backend, layout, top_k
 from grace.registry import COMPRESSORS
 from grace.sparse import DEFAULT_RATIO, Sparsifier, index_dtype
 
@@ -19,7 +19,7 @@ class TopK(Sparsifier):
     The kept magnitudes are exactly those of ``torch.topk(|g|, k)``; among equal magnitudes
     the lowest indices are kept, so the choice is the same on every rank and every backend.
     ``backend``: ``auto`` (numba on CPU: a sampled threshold, one fused pass collecting the
-    candidates and an exact pick among them, `grace.exceedance.top_k`), ``numba`` or
+    candidates and an exact pick among them, `gracecomm.compressors.shared.exceedance.top_k`), ``numba`` or
     ``torch`` (any device)."""
 
     fixed_size = True

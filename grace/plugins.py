@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Collection
 
 
-def import_submodules(package: str) -> None:
-    """Import every module and subpackage of `package` (recursively)."""
+def import_submodules(package: str, exclude: Collection[str] = ()) -> None:
+    """Import every module and subpackage of `package` (recursively), except the
+    subpackages and modules named in `exclude` (machinery that registers nothing and loads
+    when a method uses it)."""
     pkg = importlib.import_module(package)
-    for info in pkgutil.walk_packages(pkg.__path__, prefix=f"{package}."):
-        importlib.import_module(info.name)
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name in exclude:
+            continue
+        name = f"{package}.{info.name}"
+        if info.ispkg:
+            import_submodules(name)
+        else:
+            importlib.import_module(name)

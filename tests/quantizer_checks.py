@@ -2,9 +2,9 @@
 
 import torch
 
-from grace.kernels import PARALLEL_MIN
+from gracecomm.compressors.shared.kernels import PARALLEL_MIN
 from grace.metrics import Metrics
-import grace.stochastic as stochastic
+import gracecomm.compressors.shared.stochastic as stochastic
 
 
 def gaussian(n, seed=0):

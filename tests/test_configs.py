@@ -2,7 +2,6 @@
 and choosing a compressor picks the memory and communicator its class declares."""
 
 import inspect
-from pathlib import Path
 
 import pytest
 from hydra.utils import get_class

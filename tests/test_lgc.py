@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import grace
-from grace.deflate import deflate
+from gracecomm.compressors.shared.deflate import deflate
 from grace.validation import ConfigError, PayloadError
 from gracecomm.compressors.lgc.autoencoder import Decoder, Encoder, pad, padded_length
 from gracecomm.compressors.lgc.layout import Plan, decode_stream, encode_stream

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from grace.kernels import PARALLEL_MIN
+from gracecomm.compressors.shared.kernels import PARALLEL_MIN
 from grace.metrics import Metrics
-import grace.stochastic as stochastic
-from grace.stochastic import FLOAT_BITS, counter_hash, natural_round_bits
+import gracecomm.compressors.shared.stochastic as stochastic
+from gracecomm.compressors.shared.stochastic import FLOAT_BITS, counter_hash, natural_round_bits
 from grace.validation import ConfigError, NonFiniteError, PayloadError
 from gracecomm.compressors.natural import Natural, nat9_nbytes
 from tests.quantizer_checks import assert_kernels_match_torch, bound, gaussian

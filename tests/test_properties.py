@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from grace import registry
 from grace.config import instantiate
 from grace.metrics import Metrics
-from grace.validation import NonFiniteError, PayloadError
+from grace.validation import NonFiniteError
 from tests.helpers import compose_train
 
 NAMES = registry.available("compressor")

@@ -6,7 +6,7 @@ receive buffer at any offset, and refuses reserved codes in any rank's payload."
 import pytest
 import torch
 
-import grace.stochastic as stochastic
+import gracecomm.compressors.shared.stochastic as stochastic
 from grace.registry import COMPRESSORS
 from grace.validation import PayloadError
 from grace.wire import from_bytes, to_bytes

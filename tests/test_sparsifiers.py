@@ -10,10 +10,10 @@ import pytest
 import torch
 from scipy import stats
 
-from grace import exceedance
+from gracecomm.compressors.shared import exceedance
 from grace.metrics import Metrics
 from grace.needs import Need
-from grace.schedule import RatioSchedule
+from gracecomm.compressors.shared.schedule import RatioSchedule
 from grace.validation import ConfigError, NonFiniteError, numba_available
 from gracecomm.compressors.dgc import DGC
 from gracecomm.compressors.gaussiank import GaussianK

@@ -1,4 +1,4 @@
-"""Exact Top-k (`grace.exceedance.top_k`) and the key-based selection pass: the same kept
+"""Exact Top-k (`gracecomm.compressors.shared.exceedance.top_k`) and the key-based selection pass: the same kept
 magnitudes as ``torch.topk``, ties to the lowest index, on both backends, every float dtype
 and the hostile inputs (ties, all-equal, zeros, NaN/Inf, tiny and full k)."""
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grace import exceedance
+from gracecomm.compressors.shared import exceedance
 from grace.metrics import Metrics
 from grace.validation import numba_available
 from gracecomm.compressors.dgc import DGC

@@ -12,7 +12,7 @@ it vectorises, so the query hashes a whole block of elements per vector loop.
 import numba
 import numpy as np
 
-from grace.simd import LANES, compress
+from gracecomm.compressors.shared.simd import LANES, compress
 from gracecomm.compressors.deepreduce import policies
 
 U8, U32, U64 = np.uint8, np.uint32, np.uint64

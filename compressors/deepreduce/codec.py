@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from grace.deflate import byte_tensor
+from gracecomm.compressors.shared.deflate import byte_tensor
 from grace.registry import Registry, add_registry
 from grace.state import Stateful
 from grace.validation import PayloadError

@@ -20,7 +20,7 @@ from enum import IntFlag
 
 import torch
 
-from grace.deflate import byte_tensor
+from gracecomm.compressors.shared.deflate import byte_tensor
 from grace.validation import PayloadError
 from grace.wire import bits_for, pack_uint, packed_nbytes, unpack_uint
 

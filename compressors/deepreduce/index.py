@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from grace.deflate import deflate, inflate
+from gracecomm.compressors.shared.deflate import deflate, inflate
 from grace.validation import PayloadError, check_choice, check_range
 from grace.wire import bits_for, pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint
 from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, CodecCtx, IndexCodec, check_index_set,

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from grace.compressor import TensorInfo
-from grace.deflate import deflate, inflate
+from gracecomm.compressors.shared.deflate import deflate, inflate
 from grace.validation import PayloadError, check_range
 from grace.wire import packed_nbytes, to_bytes
 from gracecomm.compressors.cast import FP16

@@ -17,7 +17,7 @@ from fractions import Fraction
 import torch
 
 from grace.compressor import Payload, TensorInfo
-from grace.deflate import deflate, inflate
+from gracecomm.compressors.shared.deflate import deflate, inflate
 from grace.validation import ConfigError, PayloadError
 
 Groups = str | Sequence[str] | None  # "auto", None (no such group) or names / module prefixes
@@ -211,7 +211,7 @@ class Plan:
 def encode_stream(indices: torch.Tensor, counts: Sequence[int], delta: bool,
                   level: int) -> torch.Tensor:
     """Layers in order; per layer the first index, then successive differences (with
-    `delta`), as little-endian int32, DEFLATE-compressed (`grace.deflate`)."""
+    `delta`), as little-endian int32, DEFLATE-compressed (`gracecomm.compressors.shared.deflate`)."""
     x = indices.to(torch.int64)
     if delta and x.numel():
         d = x.clone()

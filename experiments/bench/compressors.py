@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from grace.config import instantiate
-from grace.estimation import ThresholdSparsifier
+from gracecomm.compressors.shared.estimation import ThresholdSparsifier
 from grace.metrics import Metrics
 from grace.registry import COMPRESSORS
 from grace.timing import best_of

@@ -15,7 +15,7 @@ What they share:
 - ``nonfinite``: ``raise`` (NonFiniteError naming the tensor) or ``dense`` (send every
   element, e.g. so that a loss scaler sees the overflow). The pipeline's own check
   (``check_finite``) normally stops such tensors before they get here.
-- A warm-up of the density (`grace.schedule.RatioSchedule`): ``warmup_epochs`` or an
+- A warm-up of the density (`gracecomm.compressors.shared.schedule.RatioSchedule`): ``warmup_epochs`` or an
   explicit ``warmup_ratios`` list.
 - ``sink``: an optional callable (set from Python) that receives one record per call:
   ``{name, step, d, k, k_hat, threshold, stages, fallback, excluded}``.
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from grace.compressor import Payload, TensorInfo
-from grace.exceedance import check_backend, top_k, working
-from grace.schedule import RatioSchedule
+from gracecomm.compressors.shared.exceedance import check_backend, top_k, working
+from gracecomm.compressors.shared.schedule import RatioSchedule
 from grace.sparse import Sparsifier, sparsify
 from grace.validation import check_choice, nonfinite_error
 
@@ -50,7 +50,7 @@ class Selection:
 
 def exact_topk(x: torch.Tensor, k: int, fallback: str = "topk", backend: str = "auto"
                ) -> Selection:
-    """Exact Top-k of |x| (the guards' fallback, `grace.exceedance.top_k`); the threshold
+    """Exact Top-k of |x| (the guards' fallback, `gracecomm.compressors.shared.exceedance.top_k`); the threshold
     recorded is the k-th magnitude."""
     indices, values = top_k(x, k, backend)
     thr = float(values.abs().min()) if k else None

@@ -271,6 +271,6 @@ def _keep(keys: torch.Tensor, k: int) -> torch.Tensor:
 def _kernels() -> Any:
     """The numba CPU kernels (compiled on first use, then loaded from numba's cache)."""
     require_numba("the numba backend", "backend=torch")
-    from grace import _exceedance_numba
+    from gracecomm.compressors.shared import _exceedance_numba
 
     return _exceedance_numba

@@ -10,7 +10,7 @@ option ``rng``:
 
 - ``counter``: a keyed counter-based hash of the element index, h(i) = mix(i, key). Any
   element's number can be computed on its own, so a fused kernel can draw and round in one
-  pass. The numba kernels (`grace.kernels`, CPU, optional) and the torch
+  pass. The numba kernels (`gracecomm.compressors.shared.kernels`, CPU, optional) and the torch
   implementation here (CPU and CUDA) return the same bits.
 - ``torch``: ``torch.randint`` with a ``torch.Generator`` seeded with the key.
 
@@ -62,7 +62,7 @@ KERNELS = os.environ.get("GRACECOMM_KERNELS", "1") != "0"
 
 
 def kernels_enabled(device: torch.device) -> bool:
-    """Whether the numba kernels of `grace.kernels` run for data on `device`: CPU, numba
+    """Whether the numba kernels of `gracecomm.compressors.shared.kernels` run for data on `device`: CPU, numba
     installed, not disabled by GRACECOMM_KERNELS=0."""
     return KERNELS and device.type == "cpu" and numba_available()
 
@@ -122,7 +122,7 @@ def _counter(n: int, key: int, device: torch.device) -> torch.Tensor:
         raise ConfigError(f"rng 'counter' draws for tensors of at most 2**32 elements, got {n}; "
                           "use rng=torch")
     if kernels_enabled(device):
-        from grace.kernels import hash_array
+        from gracecomm.compressors.shared.kernels import hash_array
 
         return torch.from_numpy(hash_array(n, key).view("int32")).to(torch.int64) & MASK32
     return counter_hash(torch.arange(n, dtype=torch.int64, device=device), key)
@@ -133,7 +133,7 @@ def uniform(n: int, key: int, device: torch.device | str, rng: str) -> torch.Ten
     so P(u < q) = ceil(q * 2**24) / 2**24 for q in [0, 1]."""
     device = torch.device(device)
     if rng == "counter" and kernels_enabled(device) and n <= COUNTER_LIMIT:
-        from grace.kernels import uniform_array
+        from gracecomm.compressors.shared.kernels import uniform_array
 
         return torch.from_numpy(uniform_array(n, key))
     return random_bits(n, 24, key, device, rng).to(torch.float32).mul_(2.0**-24)
