@@ -4,9 +4,9 @@ are checkpointed and which hold sub-parts, and `state_dict` / `load_state_dict` 
 - ``state_attrs`` name attributes whose values are the state itself: tensors, plain Python
   values, or dicts and lists of them (per-tensor residuals, counters).
 - ``child_attrs`` name attributes holding parts that are themselves `Stateful` (a part, a
-  list of parts, or None): their states nest under the attribute's name. A single
-  child with an empty state (or None) writes no entry, and a missing entry loads as empty,
-  so adding a stateless sub-part does not change the checkpoint format.
+  list of parts, or None): their states nest under the attribute's name. None writes no
+  entry, and a missing entry loads as an empty state, so a checkpoint written before a
+  stateless sub-part was declared still loads.
 
 Both tuples accumulate over the class hierarchy (a subclass lists only what it adds), and a
 class with real custom logic (an RNG whose state is not a plain value, a lazily created
@@ -59,8 +59,8 @@ class Stateful:
             value = getattr(self, attr)
             if isinstance(value, (list, tuple)):
                 state[attr] = [child.state_dict() for child in value]
-            elif value is not None and (sub := value.state_dict()):
-                state[attr] = sub
+            elif value is not None:
+                state[attr] = value.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
