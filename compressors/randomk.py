@@ -13,7 +13,7 @@ import torch
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams
-from grace.sparse import DEFAULT_RATIO, desparsify, index_mask
+from grace.sparse import DEFAULT_RATIO, SparseSelection, desparsify, index_mask
 from gracecomm.compressors.shared.stochastic import counter_hash, kernels_enabled, second_key
 from grace.validation import check_choice, check_ratio, num_kept
 
@@ -73,7 +73,7 @@ def random_subset(d: int, k: int, key: int, device: torch.device) -> torch.Tenso
 
 
 @COMPRESSORS.register("randomk")
-class RandomK(Compressor):
+class RandomK(Compressor, SparseSelection):
     """Keep k = max(1, floor(ratio * d)) indices drawn uniformly without replacement from the
     counter generator keyed with H(seed, name, call count) (`random_subset`); indices
     ascend, and every rank draws the same ones.
@@ -112,6 +112,9 @@ class RandomK(Compressor):
         if self.scale == "unbiased" and idx.numel():
             values = values * (flat.numel() / idx.numel())
         return (values,), RandomKCtx(TensorInfo.of(tensor), idx)
+
+    def kept_indices(self, payload: Payload, ctx: RandomKCtx) -> torch.Tensor:
+        return ctx.indices  # shared by every rank, so not sent
 
     def transmitted(self, payload: Payload, ctx: RandomKCtx) -> torch.Tensor:
         return index_mask(ctx.indices, ctx.info.numel)

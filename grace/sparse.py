@@ -7,7 +7,7 @@ from a peer are range-checked before any scatter.
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -104,7 +104,19 @@ def sparse_mean(payloads: Sequence[Payload], info: TensorInfo) -> torch.Tensor:
     return out.div_(len(payloads)).view(info.shape)
 
 
-class Sparsifier(Compressor):
+class SparseSelection(ABC):
+    """The sparse-selection protocol that every sparsifier implements (Random-k included):
+    the payload's first tensor holds the kept values and `kept_indices` their flat
+    positions. A wrapper that re-encodes a selection (DeepReduce's index and value codecs)
+    relies on this alone, and Compose's later stages on the first part of it (floating-point
+    values first), so a new sparsifier needs no change to either."""
+
+    @abstractmethod
+    def kept_indices(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        """Flat positions (int32/int64) of the values in ``payload[0]``."""
+
+
+class Sparsifier(Compressor, SparseSelection):
     """Base of the compressors that send ``(values, indices)``: Top-k, threshold, DGC,
     SIDCo and the threshold baselines. Subclasses implement `select`; this class builds the
     payload, decompresses with one scatter, aggregates all ranks with one scatter-add and
@@ -148,6 +160,9 @@ class Sparsifier(Compressor):
 
     def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
         return sparse_mean(payloads, ctx)
+
+    def kept_indices(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
+        return payload[1]
 
     def transmitted(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
         return index_mask(payload[1], ctx.numel)

@@ -27,14 +27,13 @@ from grace.compressor import Compressor, Payload, TensorInfo
 from grace.pipeline import make_part
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams, stable_hash
-from grace.sparse import Sparsifier, dense_zeros
+from grace.sparse import SparseSelection, Sparsifier, dense_zeros
 from grace.validation import ConfigError, PayloadError
 from gracecomm.compressors.cast import saturating_cast
 from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, VALUE_CODECS, CodecCtx, IndexCodec,
                                           Selection, ValueCodec, check_index_set)
 from gracecomm.compressors.deepreduce.container import (HEADER_BYTES, Flag, Header, pack_container,
                                               pack_mapping, parse_container, unpack_mapping)
-from gracecomm.compressors.randomk import RandomK, RandomKCtx
 
 
 class NonZero(Sparsifier):
@@ -76,7 +75,7 @@ class DeepReduce(Compressor):
         if sparsifier is None or sparsifier == "none":
             sparsifier = NonZero()
         self.sparsifier = make_part(sparsifier, COMPRESSORS, Compressor)
-        if not isinstance(self.sparsifier, (Sparsifier, RandomK)):
+        if not isinstance(self.sparsifier, SparseSelection):
             raise ConfigError(f"{self.label}: option 'sparsifier' must be a sparsifier "
                               "(topk, randomk, threshold, dgc, sidco, ...) or none (keep the "
                               f"nonzeros); got {self.sparsifier.label}")
@@ -93,7 +92,7 @@ class DeepReduce(Compressor):
         """The sparsifier's index set, ascending (the project's sparsifiers already send
         them so; a sort only where they do not)."""
         payload, ctx = self.sparsifier.compress(flat, name)
-        indices = (ctx.indices if isinstance(ctx, RandomKCtx) else payload[1]).to(torch.int64)
+        indices = self.sparsifier.kept_indices(payload, ctx).to(torch.int64)
         a = indices.numpy() if indices.device.type == "cpu" else indices
         if a.shape[0] > 1 and not bool((a[1:] > a[:-1]).all()):
             indices = torch.sort(indices).values
