@@ -26,7 +26,7 @@ import torch
 from gracecomm.compressors.lgc.base import SCALE_EPS
 from gracecomm.compressors.lgc.layout import Plan
 from gracecomm.compressors.lgc.rar import LGCRar
-from gracecomm.experiments.lgc_report import read_run
+from gracecomm.experiments.report import read_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -86,7 +86,10 @@ def main() -> None:
             sys.exit(f"phase 2 did not end within --steps {args.steps}: raise it to the "
                      "run's warmup_iters + ae_train_iters")
         x = targets(torch.load(record))
-        rho = [s["lgc_rho"] for s in read_run(run)["steps"] if "lgc_rho" in s]
+        recorded = read_run(run)
+        if recorded is None:
+            sys.exit(f"the recording run in {run} wrote no summary")
+        rho = [s["lgc_rho"] for s in recorded.steps if "lgc_rho" in s]
     gen = torch.Generator().manual_seed(0)
     noise = torch.randn(x.shape, generator=gen, dtype=torch.float64)
     a, b = x[:, :-1], x[:, 1:]
