@@ -47,3 +47,10 @@ def test_stamp_names_the_commit_and_uncommitted_changes(tmp_path):
     subprocess.run(["bash", "-c", stamp], cwd=tmp_path, check=True)
     assert f"`{head} with uncommitted changes`" in page.read_text()
     assert page.read_text().endswith("text\na table the step wrote\n")
+
+
+def test_no_placeholder_is_left_on_the_page():
+    """Tables laid out by hand replace markers such as ``@@FPR@@``; one left behind is a
+    section published without its numbers."""
+    page = (ROOT / "results" / "README.md").read_text()
+    assert re.findall(r"@@\w+@@", page) == []
