@@ -34,7 +34,7 @@ class Allreduce(Communicator):
 
     def check(self, compressor: Compressor) -> None:
         super().check(compressor)
-        if not compressor.summable:
+        if not compressor.capabilities().summable:
             raise IncompatibleError(
                 f"communicator 'allreduce' sums payloads element-wise, which is wrong for "
                 f"{compressor.label}: its payloads are not summable (indices, packed bits or "

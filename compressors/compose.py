@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from grace.compressor import Compressor, Payload
+from grace.compressor import Capabilities, Compressor, Payload
 from grace.needs import Need
 from grace.pipeline import make_part
 from grace.registry import COMPRESSORS
@@ -41,8 +41,6 @@ class Compose(Compressor):
     instances, registry names or mappings (``Compose([{"name": "topk", "ratio": 0.01},
     "natural"])``)."""
 
-    default_communicator = "allgather"
-    default_memory = "residual"
     child_attrs = ("stages",)
 
     def __init__(self, compressors: Sequence[Compressor | str | Mapping[str, Any]]) -> None:
@@ -56,14 +54,20 @@ class Compose(Compressor):
                 raise ConfigError(f"{self.label}: compressors[{i}] must be a per-tensor "
                                   f"compressor, got {type(stage).__name__}")
         self.stages = stages
-        self.summable = all(s.summable for s in stages)
-        self.fixed_size = all(s.fixed_size for s in stages)
-        self.default_communicator = "allreduce" if self.summable else "allgather"
-        self.default_memory = ("residual" if any(s.default_memory == "residual" for s in stages)
-                               else "none")
-        allowed = [set(s.communicators) for s in stages if s.communicators is not None]
-        self.communicators = (tuple(sorted(set.intersection(*allowed))) if allowed else None)
         self.adopt_training_needs(stages)
+
+    def capabilities(self) -> Capabilities:
+        """Summable and of fixed size when every stage is; residual memory when any stage
+        brings it; the communicators every stage allows."""
+        stages = [s.capabilities() for s in self.stages]
+        summable = all(s.summable for s in stages)
+        allowed = [set(s.communicators) for s in stages if s.communicators is not None]
+        return Capabilities(
+            summable=summable, fixed_size=all(s.fixed_size for s in stages),
+            default_memory=("residual" if any(s.default_memory == "residual" for s in stages)
+                            else "none"),
+            default_communicator="allreduce" if summable else "allgather",
+            communicators=tuple(sorted(set.intersection(*allowed))) if allowed else None)
 
     def needs(self) -> frozenset[Need]:
         return frozenset().union(*(stage.needs() for stage in self.stages))

@@ -40,12 +40,13 @@ CPU with numba installed a fused kernel draws, rounds and writes the nat9 planes
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from grace.compressor import Compressor, Payload, TensorInfo
+from grace.compressor import Capabilities, Compressor, Payload, TensorInfo
 from grace.registry import COMPRESSORS
 from gracecomm.compressors.shared.stochastic import (FLOAT_BITS, RandomStreams, check_rng, kernels_enabled,
                               natural_round_bits, random_bits, second_key, use_kernels)
@@ -90,11 +91,14 @@ class Natural(Compressor):
         self.e_min, self.e_max = self._check_exp_range(exp_range)
         self.streams = RandomStreams(check_range(seed, self.label, "seed", 0, integer=True))
         self.stochastic = self.rounding == "stochastic"
+
+    def capabilities(self) -> Capabilities:
+        """``int_fixed`` integers add exactly (summable, allreduce); deterministic rounding
+        is biased, so it brings error feedback."""
+        caps = super().capabilities()
         if self.wire == "int_fixed":
-            self.summable = True  # integers add exactly
-            self.default_communicator = "allreduce"
-        if not self.stochastic:
-            self.default_memory = "residual"  # biased: error feedback
+            caps = replace(caps, summable=True, default_communicator="allreduce")
+        return caps if self.stochastic else replace(caps, default_memory="residual")
 
     def _check_exp_range(self, exp_range: Any) -> tuple[int, int]:
         if (isinstance(exp_range, (str, bytes)) or not isinstance(exp_range, Sequence)

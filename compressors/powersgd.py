@@ -35,13 +35,13 @@ memory's, so the kept Q is the aggregate.
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from grace.compressor import Compressor, Payload, TensorInfo
+from grace.compressor import Capabilities, Compressor, Payload, TensorInfo
 from grace.exchange import Link, Works
 from grace.registry import COMPRESSORS
 from grace.validation import PayloadError, check_range
@@ -129,11 +129,14 @@ class PowerSGD(Compressor):
         self.min_compression_rate = float(check_range(
             min_compression_rate, self.label, "min_compression_rate", 1.0))
         self.batch_same_shape = bool(batch_same_shape)
-        # the dense warm-up sends whole tensors, then P and Q: fixed by the shapes only without it
-        self.fixed_size = self.start_iter == 0
         self.rng = np.random.RandomState(self.seed)
         self.q: dict[str, torch.Tensor] = {}
         self.steps: dict[str, int] = {}  # exchanges of each tensor so far
+
+    def capabilities(self) -> Capabilities:
+        """The dense warm-up sends whole tensors, then P and Q: sizes are fixed by the
+        shapes only without it (``start_iter: 0``)."""
+        return replace(super().capabilities(), fixed_size=self.start_iter == 0)
 
     def matrix(self, shape: torch.Size) -> tuple[int, int] | None:
         """(n, m) of the matrix view, or None when the tensor is sent uncompressed."""

@@ -115,7 +115,7 @@ def resolve_parts(cfg: DictConfig, compressor: Compressor) -> dict[str, str]:
         node = cfg.get(group)
         if not isinstance(node, DictConfig) or not node.get(AUTO, False):
             continue
-        name = default_part(AUTO, getattr(compressor, f"default_{group}"))
+        name = default_part(AUTO, getattr(compressor.capabilities(), f"default_{group}"))
         options = {str(k): v for k, v in node.items_ex(resolve=False) if k != AUTO}
         resolved = part_config(group, name)
         keys = (set(resolved) | set(options)) - {"_target_"}

@@ -70,7 +70,7 @@ class Communicator(Stateful, ABC):
     # -- set-up ---------------------------------------------------------------------------
     def check(self, compressor: Compressor) -> None:
         """Raise `IncompatibleError` if this communicator cannot carry `compressor`'s payloads."""
-        allowed = compressor.communicators
+        allowed = compressor.capabilities().communicators
         if allowed is not None and self.registry_name not in allowed:
             raise IncompatibleError(
                 f"{compressor.label} runs only with communicator "
@@ -192,7 +192,7 @@ class Communicator(Stateful, ABC):
         sizes = [t.numel() * t.element_size() for t in local]
         if self.world_size == 1:
             return [sizes]
-        fixed = self.compressor is not None and self.compressor.fixed_size
+        fixed = self.compressor is not None and self.compressor.capabilities().fixed_size
         key = tuple(name for _, _, name in items)
         layout = [(t.numel(), t.dtype) for t in local]
         if fixed and key in self._agreed:

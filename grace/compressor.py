@@ -34,6 +34,18 @@ copyreg.pickle(MappingProxyType, lambda m: (MappingProxyType, (dict(m),)))
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What one compressor, with its options, offers the rest of the library (see
+    `Compressor.capabilities`)."""
+
+    summable: bool
+    fixed_size: bool
+    default_memory: str
+    default_communicator: str
+    communicators: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
 class TensorInfo:
     """Shape and dtype of the tensor a payload came from (the usual ctx)."""
 
@@ -52,7 +64,10 @@ class TensorInfo:
 class Compressor(Stateful, ABC):
     """Base class of all compressors.
 
-    Capabilities (class attributes, checked by communicators when the pipeline is built):
+    Capabilities: a class declares them as class attributes, and `capabilities()` is the one
+    place they are read from (communicators, `grace.build`, the trainer): it returns the
+    class's declarations, and a compressor whose capabilities depend on its options (or on
+    its parts) overrides it; no instance overwrites the class attributes.
 
     - ``summable``: payloads of all ranks may be summed element-wise before decompressing
       (and `decompress` is linear), so the allreduce communicator can carry them.
@@ -95,6 +110,11 @@ class Compressor(Stateful, ABC):
     @property
     def label(self) -> str:
         return f"compressor '{self.registry_name or type(self).__name__}'"
+
+    def capabilities(self) -> Capabilities:
+        """This compressor's capabilities (by default its class's declarations)."""
+        return Capabilities(self.summable, self.fixed_size, self.default_memory,
+                            self.default_communicator, self.communicators)
 
     def needs(self) -> frozenset[Need]:
         """What this compressor needs from the exchange (`grace.needs`)."""
@@ -167,14 +187,15 @@ class Compressor(Stateful, ABC):
         metrics are untouched (other dtypes load their kernels on first use). Methods with
         collectives of their own (``communicators``) or ``model_level`` ones skip it; one
         that cannot compress this tensor stays cold (its first step reports the error)."""
-        if self.model_level or self.communicators is not None:
+        caps = self.capabilities()
+        if self.model_level or caps.communicators is not None:
             return
         ranks = self.comm.world_size if self.comm is not None else 1
         twin = copy.deepcopy(self, {id(self.comm): None})
         try:
             payload, ctx = twin.compress(torch.linspace(-1.0, 1.0, WARM_UP_NUMEL), "warm_up")
             twin.decompress(payload, ctx)
-            if ranks > 1 and not self.summable:  # receive kernels compile per number of ranks
+            if ranks > 1 and not caps.summable:  # receive kernels compile per number of ranks
                 twin.aggregate([payload] * ranks, ctx)
         except Exception:  # noqa: BLE001 - a speed-up only: the first step reports any error
             return

@@ -295,8 +295,9 @@ def build(compressor: Spec = "none", memory: Spec = None, communicator: Spec = N
         grace = build({"name": "topk", "ratio": 0.01})
     """
     comp = make_part(compressor, COMPRESSORS, Compressor)
-    mem = make_part(default_part(memory, comp.default_memory), MEMORIES, Memory)
-    comm = make_part(default_part(communicator, comp.default_communicator), COMMUNICATORS,
+    caps = comp.capabilities()
+    mem = make_part(default_part(memory, caps.default_memory), MEMORIES, Memory)
+    comm = make_part(default_part(communicator, caps.default_communicator), COMMUNICATORS,
                      Communicator)
     return Grace(comp, mem, comm, check_finite=check_finite)
 

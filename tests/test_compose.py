@@ -58,7 +58,7 @@ def test_randomk_then_natural_sends_only_values_and_is_in_b_of_9d_over_8k():
 
 
 def test_capabilities_follow_the_stages():
-    assert Compose([RandomK(0.1), FP16()]).summable
+    assert Compose([RandomK(0.1), FP16()]).capabilities().summable
     summable = grace.build(Compose([RandomK(0.1), FP16()]))
     assert summable.communicator.registry_name == "allreduce"
     assert summable.memory.registry_name == "residual"

@@ -1,6 +1,7 @@
 """Every registry entry has a YAML file, every YAML file is registered or instantiable,
 and choosing a compressor picks the memory and communicator its class declares."""
 
+import dataclasses
 import inspect
 
 import pytest
@@ -8,6 +9,7 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from grace import registry
+from grace.compressor import Capabilities
 from grace.config import instantiate
 from grace.validation import MissingDependency
 from gracecomm.experiments.train import build_grace
@@ -52,10 +54,14 @@ def test_compressor_brings_its_memory_and_communicator(name):
                          else name)
     except MissingDependency as err:
         pytest.skip(str(err))
-    brought = (registry.get("memory", pipeline.compressor.default_memory),
-               registry.get("communicator", pipeline.compressor.default_communicator))
+    caps = pipeline.compressor.capabilities()
+    brought = (registry.get("memory", caps.default_memory),
+               registry.get("communicator", caps.default_communicator))
     assert parts_of(pipeline) == brought
     assert parts_of(build_grace(cfg)) == brought
+    # capabilities have one source: no instance shadows its class's declarations
+    declared = {field.name for field in dataclasses.fields(Capabilities)}
+    assert declared.isdisjoint(vars(pipeline.compressor)), name
 
 
 # options that change what a compressor brings: the command line and Python must agree

@@ -182,7 +182,7 @@ def test_nat8_range_and_low_clip():
 
 def test_int_fixed_is_summable_and_checks_headroom():
     c = make(wire="int_fixed")
-    assert c.summable and not Natural.summable
+    assert c.capabilities().summable and not Natural.summable
     x = torch.tensor([2.0**-50, -(2.0**10), 0.75, 0.0])
     payload, ctx = c.compress(x, "t")
     assert payload[0].dtype == torch.int64
@@ -217,7 +217,7 @@ def test_malformed_payloads_raise():
 # 7. deterministic rounding
 def test_deterministic_rounding():
     c = make(rounding="deterministic")
-    assert c.default_memory == "residual"
+    assert c.capabilities().default_memory == "residual"
     k = torch.tensor([-3.0, 0.0, 5.0])
     x = torch.cat([1.4999 * torch.exp2(k), -1.5 * torch.exp2(k)])
     out = cnat(c, x)

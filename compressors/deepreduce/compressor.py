@@ -18,12 +18,12 @@ samples ``bloom_fpr`` (measured false-positive rate |P \\ S| / (d - r)) and ``bl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from grace.compressor import Compressor, Payload, TensorInfo
+from grace.compressor import Capabilities, Compressor, Payload, TensorInfo
 from grace.pipeline import make_part
 from grace.registry import COMPRESSORS
 from grace.rng import SharedStreams, stable_hash
@@ -80,13 +80,17 @@ class DeepReduce(Compressor):
                               "(topk, randomk, threshold, dgc, sidco, ...) or none (keep the "
                               f"nonzeros); got {self.sparsifier.label}")
         self.adopt_training_needs([self.sparsifier])
-        self.default_memory = self.sparsifier.default_memory
         self.index: IndexCodec = make_part(index, INDEX_CODECS, IndexCodec)
         self.value: ValueCodec = make_part(value, VALUE_CODECS, ValueCodec)
         self.seed = int(seed)
         self.streams = SharedStreams(self.seed)
         self.tensor_seeds: dict[str, int] = {}  # one per tensor name
         self.flags: dict[Flag, Flag] = {}  # `_expected_flags`, per kind of container
+
+    def capabilities(self) -> Capabilities:
+        """Its sparsifier's memory (DGC's momentum correction for dgc); allgather."""
+        return replace(super().capabilities(),
+                       default_memory=self.sparsifier.capabilities().default_memory)
 
     def _indices(self, flat: torch.Tensor, name: str) -> torch.Tensor:
         """The sparsifier's index set, ascending (the project's sparsifiers already send

@@ -208,7 +208,7 @@ def measure(compressor: Any, tensor: torch.Tensor, repeats: int) -> Record:
 def receive(compressor: Any, tensor: torch.Tensor, repeats: int, ranks: int) -> float:
     """Seconds `aggregate` spends per extra rank's payload: (ranks payloads - one) /
     (ranks - 1); NaN for summable compressors (allreduce adds their payloads)."""
-    if compressor.summable or ranks < 2:
+    if compressor.capabilities().summable or ranks < 2:
         return math.nan
     calls = [compressor.compress(tensor, "bench") for _ in range(ranks)]
     payloads, ctx = [payload for payload, _ in calls], calls[-1][1]
