@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from grace.compressor import Compressor, Payload, TensorInfo
+from grace.compressor import Compressor, Payload, PayloadSpec, TensorInfo
 from gracecomm.compressors.shared.exceedance import count_infinite
 from grace.registry import COMPRESSORS
 from grace.sparse import dense_empty
@@ -56,6 +56,9 @@ class Cast(Compressor):
         if saturated:
             self.metrics.add("saturated", saturated)
         return (flat,), TensorInfo.of(tensor)
+
+    def payload_spec(self, info: TensorInfo) -> PayloadSpec:
+        return ((self.wire_dtype, info.numel),)
 
     def transmitted(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
         return torch.ones(ctx.numel, dtype=torch.bool, device=payload[0].device)

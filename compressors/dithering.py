@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from grace.compressor import Compressor, Payload, TensorInfo
+from grace.compressor import Compressor, Payload, PayloadSpec, TensorInfo
 from grace.registry import COMPRESSORS
 from gracecomm.compressors.shared.stochastic import (FLOAT_BITS, RandomStreams, check_rng, natural_round,
                               natural_round_bits, random_bits, second_key, uniform, use_kernels)
@@ -154,6 +154,12 @@ class Dithering(Compressor):
         codes = self.quantize(scaled if scaled.dtype == torch.float32 else scaled.float(), key)
         signs = pack_bits((x < 0) & (codes > 0))
         return (sent, signs, pack_uint(codes, self.code_bits, check=False)), info
+
+    def payload_spec(self, info: TensorInfo) -> PayloadSpec:
+        """float32 norms, one per bucket; the packed sign plane; the packed level codes."""
+        n = info.numel
+        return ((torch.float32, self.buckets(n)[1] if n else 0),
+                (torch.uint8, packed_nbytes(n, 1)), (torch.uint8, packed_nbytes(n, self.code_bits)))
 
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
         return self._decode([payload], ctx)

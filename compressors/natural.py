@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grace.compressor import Capabilities, Compressor, Payload, TensorInfo
+from grace.compressor import Capabilities, Compressor, Payload, PayloadSpec, TensorInfo
 from grace.registry import COMPRESSORS
 from gracecomm.compressors.shared.stochastic import (FLOAT_BITS, RandomStreams, check_rng, kernels_enabled,
                               natural_round_bits, random_bits, second_key, use_kernels)
@@ -150,6 +150,14 @@ class Natural(Compressor):
             return (code,), info
         magnitude = torch.where(zero, 0, torch.ones_like(offset, dtype=torch.int64) << offset)
         return (torch.where(negative, -magnitude, magnitude),), info
+
+    def payload_spec(self, info: TensorInfo) -> PayloadSpec:
+        n = info.numel
+        if info.dtype == torch.float64:
+            return ((torch.uint8, packed_nbytes(n, NAT12_BITS)),)
+        return {"nat9": ((torch.uint8, n), (torch.uint8, packed_nbytes(n, 1))),
+                "float32": ((torch.float32, n),), "nat8": ((torch.uint8, n),),
+                "int_fixed": ((torch.int64, n),)}[self.wire]
 
     def _finite(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """Apply the ``nonfinite`` rule to a tensor that holds Inf or NaN."""

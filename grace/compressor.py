@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from grace.exchange import Link, Works
 
 Payload = tuple[torch.Tensor, ...]
+PayloadSpec = tuple[tuple[torch.dtype, int], ...]  # (dtype, numel) of each payload tensor
 WARM_UP_NUMEL = 2 * 65536 + 17  # past two chunks of the fused kernels: their threaded paths too
 # a wrapper's adopted training defaults are read-only mappings; `warm_up` deep-copies it
 copyreg.pickle(MappingProxyType, lambda m: (MappingProxyType, (dict(m),)))
@@ -115,6 +116,13 @@ class Compressor(Stateful, ABC):
         """This compressor's capabilities (by default its class's declarations)."""
         return Capabilities(self.summable, self.fixed_size, self.default_memory,
                             self.default_communicator, self.communicators)
+
+    def payload_spec(self, info: TensorInfo) -> PayloadSpec | None:
+        """For a compressor of fixed size: the dtype and element count of each payload tensor
+        for a tensor described by `info`, so that a receiver can split the concatenated
+        bytes of a payload without sizes on the wire (DeepReduce's value codec over any
+        compressor); None where the compressor does not say."""
+        return None
 
     def needs(self) -> frozenset[Need]:
         """What this compressor needs from the exchange (`grace.needs`)."""

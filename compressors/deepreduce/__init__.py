@@ -16,11 +16,12 @@ from gracecomm.compressors.deepreduce.compressor import DeepReduce, NonZero
 from gracecomm.compressors.deepreduce.fitting import DExpValues, PolyFitValues
 from gracecomm.compressors.deepreduce.index import (BitmapIndex, DeflateIndex, DeltaVarintIndex,
                                           HuffmanIndex, PackedIndex, Raw32Index, RLEIndex)
-from gracecomm.compressors.deepreduce.values import DeflateValues, FP16Values, QSGDValues, RawValues
+from gracecomm.compressors.deepreduce.values import (CompressorValues, DeflateValues, FP16Values,
+                                                    QSGDValues, RawValues)
 
 __all__ = [
     "INDEX_CODECS", "VALUE_CODECS", "BitmapIndex", "BloomIndex", "CodecCtx", "DExpValues",
-    "DeepReduce", "DeflateIndex", "DeflateValues", "DeltaVarintIndex", "FP16Values",
+    "CompressorValues", "DeepReduce", "DeflateIndex", "DeflateValues", "DeltaVarintIndex", "FP16Values",
     "HuffmanIndex", "IndexCodec", "NonZero", "PackedIndex", "PolyFitValues", "QSGDValues",
     "RLEIndex", "Raw32Index", "RawValues", "ValueCodec", "bloom_size", "expected_fpr",
 ]

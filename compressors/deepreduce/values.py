@@ -1,5 +1,6 @@
 """Order-preserving value codecs of DeepReduce (paper Sec. 3 and appendix Table 3): raw
-float32, fp16, DEFLATE and QSGD. The curve-fitting codecs are in
+float32, DEFLATE, and any per-tensor compressor of fixed size (`CompressorValues`), of
+which fp16 and QSGD are the paper's two. The curve-fitting codecs are in
 `gracecomm.compressors.deepreduce.fitting`."""
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from typing import Any
 
 import torch
 
-from grace.compressor import TensorInfo
+from grace.compressor import Compressor, TensorInfo
+from grace.pipeline import make_part
+from grace.registry import COMPRESSORS
+from grace.validation import ConfigError, PayloadError, check_range
+from grace.wire import from_bytes, to_bytes
 from gracecomm.compressors.shared.deflate import deflate, inflate
-from grace.validation import PayloadError, check_range
-from grace.wire import packed_nbytes, to_bytes
 from gracecomm.compressors.cast import FP16
 from gracecomm.compressors.deepreduce.codec import (VALUE_CODECS, CodecCtx, ValueCodec, f32_bytes,
                                           f32_values)
@@ -32,27 +35,6 @@ class RawValues(ValueCodec):
         return f32_values(section, n, self.label)
 
 
-@VALUE_CODECS.register("fp16")
-class FP16Values(ValueCodec):
-    """IEEE half precision, 2n bytes; saturates at +-65504 like the `fp16` compressor (whose
-    cast it uses), so a finite value never becomes Inf."""
-
-    codec_id = 2
-
-    def __init__(self) -> None:
-        self.cast = FP16()
-
-    def encode(self, values: torch.Tensor, ctx: CodecCtx) -> tuple[torch.Tensor, None]:
-        (half,), _ = self.cast.compress(values, ctx.name)
-        return half.view(torch.uint8), None
-
-    def decode(self, section: torch.Tensor, n: int, ctx: CodecCtx) -> torch.Tensor:
-        if section.numel() != 2 * n:
-            raise PayloadError(f"{self.label}: section holds {section.numel()} bytes, {n} "
-                               f"values need {2 * n}")
-        return section.clone().view(torch.float16).float()
-
-
 @VALUE_CODECS.register("deflate")
 class DeflateValues(ValueCodec):
     """DEFLATE (zlib level `level`) over the float32 bytes; CPU."""
@@ -69,38 +51,68 @@ class DeflateValues(ValueCodec):
         return f32_values(inflate(section, 4 * n), n, self.label)
 
 
-@VALUE_CODECS.register("qsgd")
-class QSGDValues(ValueCodec):
-    """QSGD (Alistarh et al. 2017) through the `qsgd` compressor (`gracecomm.compressors.dithering`):
-    `levels` = 2^7 - 1 levels and one float32 l2 norm per bucket of `bucket` values, a sign
-    plane and 7-bit level codes, so n + 4 ceil(n / bucket) bytes (up to one byte of padding);
-    unbiased, rounding noise independent across ranks (options `rng` and `seed` as there)."""
+@VALUE_CODECS.register("compressor")
+class CompressorValues(ValueCodec):
+    """Any per-tensor compressor of fixed size as the value codec: the bytes of its payload
+    tensors one after another, split again on receipt by the compressor's `payload_spec` for
+    n values, so no sizes travel. Its state is the compressor's own, not nested (the layout
+    of checkpoint format 2); it is bound with the owning compressor (the rank keys any
+    rounding noise)."""
 
-    codec_id = 4
-    child_attrs = ("qsgd",)  # bound with the owning compressor (the rank keys the noise)
+    codec_id = 7
+    child_attrs = ("compressor",)
 
-    def __init__(self, levels: int = 127, bucket: int = 512, rng: str = "counter",
-                 seed: int = 0) -> None:
-        self.qsgd = QSGD(levels, bucket, rng, seed)
+    def __init__(self, compressor: str | Mapping[str, Any] | Compressor) -> None:
+        self.compressor: Compressor = make_part(compressor, COMPRESSORS, Compressor)
+        probe = TensorInfo(torch.Size([1]), torch.float32)
+        if self.compressor.model_level or self.compressor.payload_spec(probe) is None:
+            raise ConfigError(f"{self.label}: option 'compressor' must be a per-tensor "
+                              "compressor that declares its payload layout (payload_spec: fp16, "
+                              f"bf16, natural, the dithering family); got {self.compressor.label}")
 
     def encode(self, values: torch.Tensor, ctx: CodecCtx) -> tuple[torch.Tensor, None]:
-        payload, _ = self.qsgd.compress(values, ctx.name)
+        payload, _ = self.compressor.compress(values, ctx.name)
         return to_bytes(payload, values.device), None
 
     def decode(self, section: torch.Tensor, n: int, ctx: CodecCtx) -> torch.Tensor:
-        buckets = self.qsgd.buckets(n)[1] if n else 0
-        sizes = [4 * buckets, packed_nbytes(n, 1), packed_nbytes(n, self.qsgd.code_bits)]
-        if section.numel() != sum(sizes):
+        info = TensorInfo(torch.Size([n]), torch.float32)
+        spec = self.compressor.payload_spec(info)
+        nbytes = sum(numel * torch.empty(0, dtype=dtype).element_size() for dtype, numel in spec)
+        if section.numel() != nbytes:
             raise PayloadError(f"{self.label}: section holds {section.numel()} bytes, {n} "
-                               f"values need {sum(sizes)}")
-        norms, signs, codes = torch.split(section, sizes)
-        norms = f32_values(norms, buckets, self.label)
-        return self.qsgd.decompress((norms, signs, codes), TensorInfo(torch.Size([n]),
-                                                                       torch.float32))
+                               f"values need {nbytes}")
+        like = [torch.empty(0, dtype=dtype) for dtype, _ in spec]
+        payload = tuple(from_bytes(section, [numel for _, numel in spec], like))
+        return self.compressor.decompress(payload, info).float()
 
     def state_dict(self) -> dict[str, Any]:
-        """The QSGD stage's state itself, not nested: the layout of checkpoint format 2."""
-        return self.qsgd.state_dict()
+        return self.compressor.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.qsgd.load_state_dict(state)
+        self.compressor.load_state_dict(state)
+
+
+@VALUE_CODECS.register("fp16")
+class FP16Values(CompressorValues):
+    """IEEE half precision through the `fp16` compressor, 2n bytes; saturates at +-65504, so
+    a finite value never becomes Inf."""
+
+    codec_id = 2
+
+    def __init__(self) -> None:
+        super().__init__(FP16())
+
+
+@VALUE_CODECS.register("qsgd")
+class QSGDValues(CompressorValues):
+    """QSGD (Alistarh et al. 2017) through the `qsgd` compressor
+    (`gracecomm.compressors.dithering`): `levels` = 2^7 - 1 levels and one float32 l2 norm per
+    bucket of `bucket` values, a sign plane and 7-bit level codes, so n + 4 ceil(n / bucket)
+    bytes (up to one byte of padding); unbiased, rounding noise independent across ranks
+    (options `rng` and `seed` as there)."""
+
+    codec_id = 4
+
+    def __init__(self, levels: int = 127, bucket: int = 512, rng: str = "counter",
+                 seed: int = 0) -> None:
+        super().__init__(QSGD(levels, bucket, rng, seed))
