@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+from grace import registry
+from grace.compressor import TensorInfo
 from grace.validation import ConfigError, PayloadError
 from grace.wire import pack_uint
 from gracecomm.compressors.deepreduce import INDEX_CODECS, VALUE_CODECS, CodecCtx
@@ -247,3 +249,45 @@ def test_mapping_is_a_packed_permutation():
         unpack_mapping(bad, 3)
     with pytest.raises(PayloadError, match="not a permutation"):
         unpack_mapping(pack_uint(torch.tensor([0, 3, 1]), 2), 3)
+
+
+# ---------------------------------------------------------------------------------------
+# Any compressor as the value codec
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", registry.available("compressor"))
+@pytest.mark.parametrize("n", [0, 1, 513, 4097])
+def test_payload_spec_is_what_compress_sends(name, n):
+    """A declared payload layout is exactly the dtypes and sizes of the payload, since the
+    value codec splits received bytes by it alone."""
+    cls = registry.get("compressor", name)
+    if any(p.default is p.empty for p in registry.options_of(cls).values()):
+        pytest.skip(f"{name} has required options")  # compose: a wrapper, no layout of its own
+    compressor = cls()
+    info = TensorInfo(torch.Size([n]), torch.float32)
+    spec = compressor.payload_spec(info)
+    if spec is None:
+        pytest.skip(f"{name} declares no payload layout")
+    payload, _ = compressor.compress(torch.randn(n, generator=torch.Generator().manual_seed(n)),
+                                     "w")
+    assert [(t.dtype, t.numel()) for t in payload] == list(spec), name
+
+
+@pytest.mark.parametrize("inner", ["fp16", "bf16", "natural", {"name": "natural", "wire": "nat8"},
+                                   "qsgd", "terngrad", "natural_dithering"])
+def test_any_fixed_size_compressor_is_a_value_codec(inner):
+    codec = VALUE_CODECS.create("compressor", compressor=inner)
+    values = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    section, order = codec.encode(values, ctx(1000))
+    decoded = codec.decode(section, 1000, ctx(1000))
+    payload, info = codec.compressor.compress(values, "again")  # the same rounding, by itself
+    assert order is None and decoded.dtype == torch.float32 and decoded.shape == (1000,)
+    assert section.numel() == sum(t.numel() * t.element_size() for t in payload)
+    assert float((decoded - values).abs().max()) <= 2 * float(values.abs().max())
+    with pytest.raises(PayloadError, match="section holds"):
+        codec.decode(section[:-1], 1000, ctx(1000))
+
+
+def test_a_compressor_without_a_layout_is_refused_as_value_codec():
+    with pytest.raises(ConfigError, match="declares its payload layout"):
+        VALUE_CODECS.create("compressor", compressor="topk")

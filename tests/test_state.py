@@ -93,8 +93,8 @@ def test_binding_and_epochs_reach_every_inner_compressor() -> None:
     dr = grace.COMPRESSORS.create("deepreduce", sparsifier={"name": "dgc", "warmup_epochs": 2},
                                   value="qsgd")
     dr.bind(comm, metrics)
-    assert dr.sparsifier.comm is comm and dr.value.qsgd.comm is comm
-    assert dr.value.qsgd.metrics is metrics
+    assert dr.sparsifier.comm is comm and dr.value.compressor.comm is comm
+    assert dr.value.compressor.metrics is metrics
     before = dr.sparsifier.ratio
     dr.set_epoch(2)  # the warm-up is over: the sparsifier's own ratio
     assert dr.sparsifier.ratio != before and dr.sparsifier.ratio == 0.01
@@ -112,7 +112,7 @@ def test_layout_of_checkpoint_format_2() -> None:
     topk_qsgd.load_state_dict({"streams": streams, "sparsifier": {},
                                "value": {"streams": {"seed": 1, "counters": {"w": 2}}}})
     assert topk_qsgd.streams.counters == {"w": 3}
-    assert topk_qsgd.value.qsgd.streams.counters == {"w": 2}
+    assert topk_qsgd.value.compressor.streams.counters == {"w": 2}
     assert topk_qsgd.state_dict()["value"] == {"streams": {"seed": 1, "counters": {"w": 2}}}
 
     dgc = grace.COMPRESSORS.create("dgc")

@@ -62,7 +62,7 @@ class CompressorValues(ValueCodec):
     codec_id = 7
     child_attrs = ("compressor",)
 
-    def __init__(self, compressor: str | Mapping[str, Any] | Compressor) -> None:
+    def __init__(self, compressor: str | Mapping[str, Any] | Compressor = "natural") -> None:
         self.compressor: Compressor = make_part(compressor, COMPRESSORS, Compressor)
         probe = TensorInfo(torch.Size([1]), torch.float32)
         if self.compressor.model_level or self.compressor.payload_spec(probe) is None:
