@@ -104,12 +104,11 @@ def part_config(group: str, name: str) -> DictConfig:
     return OmegaConf.create({"_target_": f"{cls.__module__}.{cls.__qualname__}"})
 
 
-def resolve_parts(cfg: DictConfig, compressor: Compressor) -> dict[str, str]:
+def resolve_parts(cfg: DictConfig, compressor: Compressor) -> None:
     """Replace an ``auto`` memory or communicator (configs/memory/auto.yaml, the default) by
     the config of the part `compressor` brings, chosen as `grace.build` chooses it
     (`default_part`: from the compressor's options), with any options given to the auto
-    node (``+memory.beta=0.9``) on top, and name it in a logger's Hydra ``choices``.
-    Returns the parts it chose, group -> name."""
+    node (``+memory.beta=0.9``) on top, and name it in a logger's Hydra ``choices``."""
     chosen: dict[str, str] = {}
     for group in ("memory", "communicator"):
         node = cfg.get(group)
@@ -128,7 +127,6 @@ def resolve_parts(cfg: DictConfig, compressor: Compressor) -> dict[str, str]:
     if chosen and isinstance(logger, DictConfig) and "choices" in logger:
         choices = OmegaConf.to_container(logger.choices, resolve=True)
         logger.choices = {**choices, **chosen}
-    return chosen
 
 
 def validate(cfg: DictConfig) -> None:

@@ -15,6 +15,7 @@ child) overrides the two methods and calls ``super()``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -28,7 +29,11 @@ class Stateful:
     child_attrs: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
+    @functools.cache
     def _declared(cls, kind: str) -> tuple[str, ...]:
+        """The names the class and its bases list in `kind` (``state_attrs`` or
+        ``child_attrs``), bases first: fixed per class, so computed once (`state_dict` runs
+        every step of a run with ``check_finite=False``)."""
         names: dict[str, None] = {}
         for klass in reversed(cls.__mro__):
             names.update(dict.fromkeys(vars(klass).get(kind, ())))

@@ -77,7 +77,7 @@ class CompressorValues(ValueCodec):
     def decode(self, section: torch.Tensor, n: int, ctx: CodecCtx) -> torch.Tensor:
         info = TensorInfo(torch.Size([n]), torch.float32)
         spec = self.compressor.payload_spec(info)
-        nbytes = sum(numel * torch.empty(0, dtype=dtype).element_size() for dtype, numel in spec)
+        nbytes = sum(numel * dtype.itemsize for dtype, numel in spec)
         if section.numel() != nbytes:
             raise PayloadError(f"{self.label}: section holds {section.numel()} bytes, {n} "
                                f"values need {nbytes}")
