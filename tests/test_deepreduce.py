@@ -338,6 +338,10 @@ COMBOS = [
     {"sparsifier": "none", "index": {"name": "bloom", "policy": "p0", "fpr": 0.6},
      "value": "fp16"},
     {"sparsifier": {"name": "topk", "ratio": 0.1}, "index": "rle", "value": "deflate"},
+    {"sparsifier": {"name": "threshold", "threshold": 0.5}, "index": "raw32",  # k_hat per rank
+     "value": {"name": "compressor", "compressor": "natural"}},
+    {"sparsifier": {"name": "topk", "ratio": 0.05}, "index": "packed",
+     "value": {"name": "compressor", "compressor": {"name": "terngrad", "bucket": 64}}},
 ]
 
 
