@@ -16,6 +16,17 @@ from grace.validation import ConfigError, IncompatibleError
 from grace.wire import payload_nbytes
 
 
+def flat_copy(tensors: list[torch.Tensor], world: int) -> torch.Tensor:
+    """The concatenation of `tensors` (one dtype) as a new flat tensor to allreduce in
+    place, divided by `world` if floating (one pass for a single tensor)."""
+    floating = tensors[0].is_floating_point()
+    if len(tensors) == 1:
+        flat = tensors[0].reshape(-1)
+        return flat.div(world) if floating else flat.clone()
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    return flat.div_(world) if floating else flat
+
+
 @COMMUNICATORS.register("allreduce")
 class Allreduce(Communicator):
     """One allreduce per payload dtype per call (normally one per DDP bucket).
@@ -55,8 +66,8 @@ class Allreduce(Communicator):
             flats = []
             for dtype in dict.fromkeys(t.dtype for t in tensors):
                 where = [i for i, t in enumerate(tensors) if t.dtype == dtype]
-                flat = torch.cat([tensors[i].reshape(-1) for i in where])
-                flats.append((where, flat.div_(world) if flat.is_floating_point() else flat))
+                flat = flat_copy([tensors[i] for i in where], world)
+                flats.append((where, flat))
             yield [link.all_reduce(flat) for _, flat in flats]
             for where, flat in flats:
                 for i, part in zip(where, flat.split([tensors[i].numel() for i in where])):

@@ -48,6 +48,7 @@ class Cast(Compressor):
 
     summable = True
     fixed_size = True
+    elementwise = True
     default_communicator = "allreduce"
     wire_dtype: ClassVar[torch.dtype]
 

@@ -57,7 +57,7 @@ class Compose(Compressor):
         self.adopt_training_needs(stages)
 
     def capabilities(self) -> Capabilities:
-        """Summable and of fixed size when every stage is; residual memory when any stage
+        """Summable, of fixed size and elementwise when every stage is; residual memory when any stage
         brings it; the communicators every stage allows."""
         stages = [s.capabilities() for s in self.stages]
         summable = all(s.summable for s in stages)
@@ -67,7 +67,8 @@ class Compose(Compressor):
             default_memory=("residual" if any(s.default_memory == "residual" for s in stages)
                             else "none"),
             default_communicator="allreduce" if summable else "allgather",
-            communicators=tuple(sorted(set.intersection(*allowed))) if allowed else None)
+            communicators=tuple(sorted(set.intersection(*allowed))) if allowed else None,
+            elementwise=all(s.elementwise for s in stages))
 
     def needs(self) -> frozenset[Need]:
         return frozenset().union(*(stage.needs() for stage in self.stages))

@@ -17,6 +17,7 @@ class NoneCompressor(Compressor):
 
     summable = True
     fixed_size = True
+    elementwise = True
     default_communicator = "allreduce"
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:

@@ -34,14 +34,15 @@ memory's, so the kept Q is the aggregate.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from grace.compressor import Capabilities, Compressor, Payload, TensorInfo
+from grace.compressor import Compressor, Payload, TensorInfo
 from grace.exchange import Link, Works
 from grace.registry import COMPRESSORS
 from grace.validation import PayloadError, check_range
@@ -63,17 +64,20 @@ def orthonormalize(p: torch.Tensor) -> torch.Tensor:
     then remove it from the columns after it). A column left with less than 1000 machine
     epsilons of its norm (a dependent column, or a zero gradient) becomes zero instead of
     normalised rounding noise."""
-    out = p.clone()
+    return orthonormalize_(p.clone())
+
+
+def orthonormalize_(p: torch.Tensor) -> torch.Tensor:
+    """`orthonormalize` in place; returns `p`. A dropped column is divided by infinity."""
     tol = 1000 * torch.finfo(p.dtype).eps * torch.norm(p, dim=-2, keepdim=True)
     for i in range(p.shape[-1]):
-        col = out[..., i:i + 1]
+        col = p[..., i:i + 1]
         norm = torch.norm(col, dim=-2, keepdim=True)
-        keep = norm > tol[..., i:i + 1]
-        col.copy_(torch.where(keep, col / torch.where(keep, norm, 1.0), 0.0))
+        col.div_(torch.where(norm > tol[..., i:i + 1], norm, math.inf))
         if i + 1 < p.shape[-1]:
-            rest = out[..., i + 1:]
+            rest = p[..., i + 1:]
             rest -= torch.sum(col * rest, dim=-2, keepdim=True) * col
-    return out
+    return p
 
 
 def same_shape_runs(shapes: Sequence[Any]) -> list[int]:
@@ -91,11 +95,16 @@ def batched(fn: Any, *lists: Sequence[torch.Tensor],
             runs: Sequence[int] | None = None) -> list[torch.Tensor]:
     """`fn` applied to each run of same-shaped tensors of `lists` (or to `runs` of given
     lengths), stacked: one call per run instead of one per tensor; the results unstacked,
-    in order. (Batched products are what PyTorch's hook computes, to the last bit.)"""
+    in order. A run of one is passed as a view of its tensor (``fn`` may then write into
+    it). (Batched products are what PyTorch's hook computes, to the last bit.)"""
     out: list[torch.Tensor] = []
     for count in runs if runs is not None else same_shape_runs([t.shape for t in lists[0]]):
         start = len(out)
-        out.extend(fn(*(torch.stack(list(ts[start:start + count])) for ts in lists)).unbind(0))
+        if count == 1:
+            out.append(fn(*(ts[start].unsqueeze(0) for ts in lists))[0])
+        else:
+            out.extend(fn(*(torch.stack(list(ts[start:start + count])) for ts in lists))
+                       .unbind(0))
     return out
 
 
@@ -113,6 +122,7 @@ class PowerSGD(Compressor):
     """Rank-`rank` PowerSGD (module docstring for every option)."""
 
     summable = True
+    fixed_size = True
     default_communicator = "allreduce"
     default_memory = "residual"
     communicators = ("allreduce",)
@@ -133,10 +143,10 @@ class PowerSGD(Compressor):
         self.q: dict[str, torch.Tensor] = {}
         self.steps: dict[str, int] = {}  # exchanges of each tensor so far
 
-    def capabilities(self) -> Capabilities:
-        """The dense warm-up sends whole tensors, then P and Q: sizes are fixed by the
-        shapes only without it (``start_iter: 0``)."""
-        return replace(super().capabilities(), fixed_size=self.start_iter == 0)
+    def layout_phase(self, ctx: PowerSGDCtx) -> bool:
+        """The dense warm-up sends whole tensors, then P and Q: two layouts, each fixed by
+        the shapes, switched at the same step on every rank."""
+        return ctx.warmup
 
     def matrix(self, shape: torch.Size) -> tuple[int, int] | None:
         """(n, m) of the matrix view, or None when the tensor is sent uncompressed."""
@@ -177,7 +187,7 @@ class PowerSGD(Compressor):
             link.comm.count(flat.numel() * flat.element_size())
             if link.comm.world_size > 1:
                 yield (link.all_reduce(flat),)
-        ps = batched(orthonormalize, self.split(flat, ps))
+        ps = batched(orthonormalize_, self.split(flat, ps))  # flat is this call's own
         for (i, name, _), p, q in zip(entries, ps, self.products(
                 [m for _, _, m in entries], ps, transpose=True)):
             out[i] = ((q,), PowerSGDCtx(TensorInfo.of(named[i][1]), name, p))
@@ -198,7 +208,7 @@ class PowerSGD(Compressor):
             for count in counts:  # one draw per batch, as the hook draws them
                 shape = shapes[len(qs)]
                 qs.extend(torch.randn(count, *shape, dtype=entries[0][2].dtype).unbind(0))
-        return [q.to(m.device) for q, (_, _, m) in zip(batched(orthonormalize, qs), entries)]
+        return [q.to(m.device) for q, (_, _, m) in zip(batched(orthonormalize_, qs), entries)]
 
     def products(self, matrices: Sequence[torch.Tensor], factors: Sequence[torch.Tensor], *,
                  transpose: bool) -> list[torch.Tensor]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -45,7 +45,8 @@ class Communicator(Stateful, ABC):
         self.compressor: Compressor | None = None
         self.metrics = Metrics()
         self._continuations: Continuations | None = None
-        self._agreed: dict[tuple[str, ...], list[int]] = {}  # fixed payload sizes, per tensors
+        self._agreed: dict[tuple[tuple[str, Hashable], ...], list[tuple[int, torch.dtype]]] = {}
+        # fixed payload layouts, per tensors and phase
 
     @property
     def label(self) -> str:
@@ -184,21 +185,23 @@ class Communicator(Stateful, ABC):
         """Every rank's byte count of each payload tensor of `items`, exchanged in one small
         allgather and checked before anything is allocated for them (none negative, no
         rank's total beyond `Link.max_nbytes`). For a compressor whose payload sizes are
-        fixed by the shapes (``fixed_size``) they are exchanged once per set of tensors, to
-        agree on them, and from then on only this rank's payload (sizes and dtypes) is
+        fixed by the shapes (``fixed_size``) they are exchanged once per set of tensors and
+        phase (`Compressor.layout_phase`), to agree on them, and from then on only this rank's payload (sizes and dtypes) is
         checked against the agreed layout, with no round, before it goes on the wire: a
         collective whose sizes differ between ranks would abort the process."""
         local = self.flatten(items)
         sizes = [t.numel() * t.element_size() for t in local]
         if self.world_size == 1:
             return [sizes]
-        fixed = self.compressor is not None and self.compressor.capabilities().fixed_size
-        key = tuple(name for _, _, name in items)
+        comp = self.compressor
+        fixed = comp is not None and comp.capabilities().fixed_size
+        names = [name for _, _, name in items]
+        key = tuple((name, comp.layout_phase(ctx) if fixed else None) for _, ctx, name in items)
         layout = [(t.numel(), t.dtype) for t in local]
         if fixed and key in self._agreed:
             if layout != self._agreed[key]:
                 raise PayloadError(f"{self.compressor.label} on rank {self.rank} produced "
-                                   f"payload tensors {layout} for tensors {list(key)[:3]}, but "
+                                   f"payload tensors {layout} for tensors {names[:3]}, but "
                                    f"its payloads are fixed by the shapes: {self._agreed[key]}")
             return [sizes] * self.world_size
         codes = [dtype_code(t.dtype) for t in local]
@@ -210,16 +213,16 @@ class Communicator(Stateful, ABC):
                 raise PayloadError(
                     f"rank {owner} announced payload dtypes "
                     f"{[DTYPES[c] if 0 <= c < len(DTYPES) else c for c in rank_codes]} for "
-                    f"tensors {list(key)[:3]}; this rank's are {[t.dtype for t in local]}")
+                    f"tensors {names[:3]}; this rank's are {[t.dtype for t in local]}")
             if min(rank_sizes, default=0) < 0 or (link.max_nbytes is not None
                                                   and sum(rank_sizes) > link.max_nbytes):
                 raise PayloadError(
                     f"rank {owner} announced payload sizes {rank_sizes} bytes for tensors "
-                    f"{list(key)[:3]}; allowed: none negative and at most {link.max_nbytes} "
+                    f"{names[:3]}; allowed: none negative and at most {link.max_nbytes} "
                     "bytes in all (4x the dense tensors plus 64 KiB)")
             if fixed and rank_sizes != sizes:
                 raise PayloadError(f"rank {owner} announced payload sizes {rank_sizes} bytes "
-                                   f"for tensors {list(key)[:3]}, but {self.compressor.label}'s "
+                                   f"for tensors {names[:3]}, but {self.compressor.label}'s "
                                    f"are fixed by the shapes and this rank's are {sizes}")
         if fixed:
             self._agreed[key] = layout

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import copyreg
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -44,6 +44,7 @@ class Capabilities:
     default_memory: str
     default_communicator: str
     communicators: tuple[str, ...] | None
+    elementwise: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,12 +73,17 @@ class Compressor(Stateful, ABC):
 
     - ``summable``: payloads of all ranks may be summed element-wise before decompressing
       (and `decompress` is linear), so the allreduce communicator can carry them.
-    - ``fixed_size``: payload tensor sizes depend only on the input's shape, so they are equal
-      on every rank and need not be exchanged before an allgather.
+    - ``fixed_size``: payload tensor sizes depend only on the input's shape (and on the phase
+      `layout_phase` names, which every rank shares), so they are equal on every rank and
+      need not be exchanged before each collective.
     - ``default_communicator``, ``default_memory``: what `grace.build` and the Hydra config
       pick when the user names none (biased methods bring error feedback).
     - ``communicators``: if set, the only communicators this compressor works with (methods
       with collectives of their own).
+    - ``elementwise``: deterministic, with no per-tensor state or statistics, so that the
+      payload of a concatenation is the concatenation of the payloads: with a memory that
+      keeps nothing (`Memory.identity`) the pipeline compresses a run of tensors that lie
+      back to back in memory (a DDP bucket's gradients) as one tensor, with the same result.
     - ``model_level``: the method compresses every gradient of a step at once (LGC
       concatenates all layers): it implements `compress_model` instead of `compress`, and
       needs `Need.WHOLE_MODEL` from the exchange.
@@ -99,6 +105,7 @@ class Compressor(Stateful, ABC):
     default_communicator: ClassVar[str] = "allgather"
     default_memory: ClassVar[str] = "none"
     communicators: ClassVar[tuple[str, ...] | None] = None
+    elementwise: ClassVar[bool] = False
     model_level: ClassVar[bool] = False
     training_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     sensitivities: ClassVar[tuple[str, ...]] = ()
@@ -115,13 +122,19 @@ class Compressor(Stateful, ABC):
     def capabilities(self) -> Capabilities:
         """This compressor's capabilities (by default its class's declarations)."""
         return Capabilities(self.summable, self.fixed_size, self.default_memory,
-                            self.default_communicator, self.communicators)
+                            self.default_communicator, self.communicators, self.elementwise)
 
     def payload_spec(self, info: TensorInfo) -> PayloadSpec | None:
         """For a compressor of fixed size: the dtype and element count of each payload tensor
         for a tensor described by `info`, so that a receiver can split the concatenated
         bytes of a payload without sizes on the wire (DeepReduce's value codec over any
         compressor); None where the compressor does not say."""
+        return None
+
+    def layout_phase(self, ctx: Any) -> Hashable:
+        """For a compressor of fixed size whose payload layout changes once with state that
+        every rank shares (PowerSGD's dense warm-up): the phase of the payload `ctx` came
+        with. Communicators agree on a layout once per set of tensors and phase."""
         return None
 
     def needs(self) -> frozenset[Need]:

@@ -131,12 +131,14 @@ class GradientExchange:
     def begin_step(self) -> None:
         self.scale = 1.0 if self.scaler is None else float(self.scaler.get_scale())
 
-    def write(self, grad: torch.Tensor, mean: torch.Tensor) -> None:
-        """Store `mean` (times the scale) as `grad`."""
+    def write(self, grads: Sequence[torch.Tensor], means: Sequence[torch.Tensor]) -> None:
+        """Store each mean (times the scale) as its gradient, in one call for all."""
+        pairs = [(g, m.view_as(g)) for g, m in zip(grads, means)
+                 if g.data_ptr() != m.data_ptr()]
+        if pairs:
+            torch._foreach_copy_(*map(list, zip(*pairs)))
         if self.scale != 1.0:
-            torch.mul(mean.view_as(grad), self.scale, out=grad)
-        elif grad.data_ptr() != mean.data_ptr():
-            grad.copy_(mean.view_as(grad))
+            torch._foreach_mul_(list(grads), self.scale)
 
     def step(self) -> None:
         """A custom loop's exchange: after backward, replace every gradient by the mean over
@@ -146,8 +148,7 @@ class GradientExchange:
                  for _, p in self.parameters]
         names = [n for n, _ in self.parameters]
         params = [p for _, p in self.parameters]
-        for grad, mean in zip(grads, self.grace.step_many(self.prepared(names, grads, params))):
-            self.write(grad, mean)
+        self.write(grads, self.grace.step_many(self.prepared(names, grads, params)))
         for p, grad in zip(params, grads):
             p.grad = grad
 
@@ -186,8 +187,7 @@ class GradientExchange:
                 raise
             if last and exchange.submitted:
                 self.tail.mark("communicated", exchange.waited_until)
-            for grad, mean in zip(grads, means):
-                self.write(grad, mean)
+            self.write(grads, means)
             if last:  # exchanges complete in order: the step's last one ends it
                 self.grace.end_step()
             return buffer
@@ -215,8 +215,7 @@ class GradientExchange:
                 future.set_exception(err)
             raise
         for names, grads, _, bucket, future in waiting:
-            for name, grad in zip(names, grads):
-                self.write(grad, means[name])
+            self.write(grads, [means[name] for name in names])
             future.set_result(bucket.buffer())
 
 

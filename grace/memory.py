@@ -26,6 +26,7 @@ class Memory(Stateful, ABC):
     """Base class of all memories."""
 
     registry_name: ClassVar[str] = ""
+    identity: ClassVar[bool] = False  # compensate returns its input and update keeps nothing
 
     def __init__(self) -> None:
         self.metrics = Metrics()

@@ -25,7 +25,8 @@ from grace.needs import Need
 from grace.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, Registry
 from grace.state import Stateful
 from grace.validation import (ConfigError, NonFiniteError, PayloadError, check_tensor,
-                              is_finite)
+                              is_finite, nonfinite_among)
+from grace.wire import contiguous_runs, flat_run
 
 MODEL_ITEM = "model"  # the name of the joint item of a model-level compressor
 
@@ -122,16 +123,20 @@ class Grace(Stateful):
         live = [(name, grad.contiguous()) for name, grad in named if grad.numel()]
         with metrics.timer("memory_s"):
             compensated = [(name, self.memory.compensate(grad, name)) for name, grad in live]
-        finite = self.finite(live, compensated)
+        runs = contiguous_runs([t for _, t in compensated])
+        finite = self.finite(live, compensated, runs)
         if not finite:  # compressed as zeros; the step's state is restored at `end_step`
             compensated = [(name, torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0))
                            for name, t in compensated]
+            runs = [range(i, i + 1) for i in range(len(compensated))]
         if live:
             metrics.add("exchanges", 1)  # the dense-allreduce baseline of grace.network
         link = self.communicator.link(None if self.check_finite else not finite)
         link.max_nbytes = 4 * dense + 65536  # no peer's payload may announce more
         if self.compressor.model_level:
             rounds = self._model_rounds(compensated, link)
+        elif self.compressor.capabilities().elementwise and self.memory.identity:
+            rounds = self._run_rounds(compensated, runs, link)
         else:
             rounds = self._rounds(compensated, link)
 
@@ -141,21 +146,32 @@ class Grace(Stateful):
 
         return Exchange(self.communicator, rounds, link, [name for name, _ in live], merge)
 
-    def finite(self, grads: Named, compensated: Named) -> bool:
-        """Whether every tensor to compress is finite (one read each); with `check_finite`,
-        raise `NonFiniteError` naming the first that is not, and whether the gradient or
-        the error feedback added to it was non-finite."""
-        for (name, grad), (_, tensor) in zip(grads, compensated):
-            if is_finite(tensor, name):
-                continue
-            if not self.check_finite:
-                return False
-            is_finite(grad, name, raise_error=True)
-            raise NonFiniteError(
-                f"tensor '{name}': adding {self.memory.label}'s error feedback to its finite "
-                "gradient overflowed (values beyond the dtype's range); scale the loss or the "
-                "gradients down")
+    def finite(self, grads: Named, compensated: Named, runs: Sequence[range]) -> bool:
+        """Whether every tensor to compress is finite (one read each, one call for each of
+        the `runs` of tensors back to back in memory, `grace.wire.contiguous_runs`); with
+        `check_finite`, raise `NonFiniteError` naming the first that is not, and whether the
+        gradient or the error feedback added to it was non-finite."""
+        tensors = [t for _, t in compensated]
+        flats = [flat_run(tensors[run.start:run.stop]) for run in runs]
+        for j in nonfinite_among(flats):
+            for i in runs[j]:
+                if not self._finite_one(grads[i], compensated[i]):
+                    return False
         return True
+
+    def _finite_one(self, grad: tuple[str, torch.Tensor], compensated: tuple[str, torch.Tensor]
+                    ) -> bool:
+        """`finite` for one tensor."""
+        name, tensor = compensated
+        if is_finite(tensor, name):
+            return True
+        if not self.check_finite:
+            return False
+        is_finite(grad[1], name, raise_error=True)
+        raise NonFiniteError(
+            f"tensor '{name}': adding {self.memory.label}'s error feedback to its finite "
+            "gradient overflowed (values beyond the dtype's range); scale the loss or the "
+            "gradients down")
 
     def end_step(self) -> None:
         """Close the step: where an exchange of it carried a non-finite gradient on any
@@ -187,6 +203,22 @@ class Grace(Stateful):
                 for (name, tensor), (_, ctx, _), mean in zip(compensated, items, means):
                     self.memory.update_mean(tensor, name, self.compressor, ctx, mean)
         return means
+
+    def _run_rounds(self, compensated: Named, runs: Sequence[range], link: Link) -> Rounds:
+        """`_rounds` for an elementwise compressor with a memory that keeps nothing
+        (`Capabilities.elementwise`): each run of tensors that lie back to back in memory
+        (a DDP bucket's gradients) is compressed and exchanged as one tensor, named after its
+        first, and its mean split back into the tensors' shapes."""
+        tensors = [t for _, t in compensated]
+        if len(runs) == len(tensors):  # nothing to join
+            return (yield from self._rounds(compensated, link))
+        joint = [(compensated[run.start][0], flat_run(tensors[run.start:run.stop]))
+                 for run in runs]
+        means = yield from self._rounds(joint, link)
+        parts = [mean.reshape(-1).split([tensors[i].numel() for i in run])
+                 for run, mean in zip(runs, means)]
+        return [part.view_as(tensors[i]) for run, split in zip(runs, parts)
+                for i, part in zip(run, split)]
 
     def _update_memory(self, tensor: torch.Tensor, name: str, payload: Payload,
                        ctx: Any) -> None:

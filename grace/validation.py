@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -103,10 +103,31 @@ def check_tensor(tensor: Any, name: str) -> None:
                         f"{', '.join(str(d) for d in FLOAT_DTYPES)}")
 
 
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` holds no NaN or Inf. Its sum decides in the usual case, since a NaN
+    or Inf makes the sum non-finite (one read, where ``isfinite().all()`` costs about 40 on
+    the CPU); only a non-finite sum, which finite values can reach by overflowing, has its
+    elements checked."""
+    return (not tensor.numel() or math.isfinite(float(tensor.sum(dtype=torch.float32)))
+            or bool(torch.isfinite(tensor).all()))
+
+
+def nonfinite_among(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """The positions of the `tensors` that hold NaN or Inf: `all_finite` for each, with one
+    host synchronisation for all of them in the usual case."""
+    if not tensors:
+        return []
+    sums = torch.stack([t.sum(dtype=torch.float32) for t in tensors])
+    if bool(torch.isfinite(sums).all()):
+        return []
+    return [i for i in torch.nonzero(~torch.isfinite(sums)).view(-1).tolist()
+            if not bool(torch.isfinite(tensors[i]).all())]
+
+
 def is_finite(tensor: torch.Tensor, name: str, *, raise_error: bool = False) -> bool:
-    """Whether `tensor` holds no NaN or Inf; with `raise_error`, raise `NonFiniteError`
-    naming it instead of returning False (the pipeline's ``check_finite``)."""
-    if not tensor.numel() or bool(torch.isfinite(tensor).all()):
+    """Whether `tensor` holds no NaN or Inf (`all_finite`); with `raise_error`, raise
+    `NonFiniteError` naming it instead of returning False (the pipeline's ``check_finite``)."""
+    if all_finite(tensor):
         return True
     if not raise_error:
         return False

@@ -249,3 +249,30 @@ def from_bytes(buf: torch.Tensor, numels: Sequence[int],
         out.append(chunk.reshape(shape))
         pos += size
     return out
+
+
+def contiguous_runs(tensors: Sequence[torch.Tensor]) -> list[range]:
+    """The maximal runs of consecutive `tensors` that lie back to back in one storage with
+    one dtype (a DDP bucket's gradients are views of its flat buffer), as index ranges in
+    order; a tensor that is not contiguous is a run of its own."""
+    runs: list[range] = []
+    start, end = 0, -1
+    for i, t in enumerate(tensors):
+        if i and not (t.data_ptr() == end and t.is_contiguous() and t.dtype == tensors[i - 1].dtype
+                      and t.untyped_storage().data_ptr()
+                      == tensors[i - 1].untyped_storage().data_ptr()):
+            runs.append(range(start, i))
+            start = i
+        end = t.data_ptr() + t.numel() * t.element_size() if t.is_contiguous() else -1
+    if tensors:
+        runs.append(range(start, len(tensors)))
+    return runs
+
+
+def flat_run(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One flat view over `tensors`, which form one run of `contiguous_runs` (no copy); a
+    run of one is its tensor, as it is."""
+    first = tensors[0]
+    if len(tensors) == 1:
+        return first
+    return first.as_strided((sum(t.numel() for t in tensors),), (1,))

@@ -13,6 +13,8 @@ from grace.registry import MEMORIES
 
 @MEMORIES.register("none")
 class NoneMemory(Memory):
+    identity = True
+
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         return tensor
 

@@ -5,6 +5,7 @@ compression state, and the next finite step goes on from the state before it."""
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import pytest
@@ -203,3 +204,59 @@ def check_scaler(rank: int, world_size: int) -> None:
 @pytest.mark.slow
 def test_gradscaler_overflows_train_every_stateful_method():
     run_ranks(check_scaler, 2, timeout_s=900)
+
+
+def test_the_finiteness_check_is_exact_beyond_its_fast_path():
+    from grace.validation import all_finite, nonfinite_among
+    huge = torch.full((8,), 3e38)  # finite, but their sum overflows to Inf
+    assert all_finite(huge) and all_finite(torch.empty(0))
+    assert all_finite(torch.full((4,), 60000.0, dtype=torch.float16))
+    for bad in (math.nan, math.inf, -math.inf):
+        t = torch.randn(100)
+        t[37] = bad
+        assert not all_finite(t)
+        assert nonfinite_among([torch.randn(3), huge, t, torch.empty(0), t.double()]) == [2, 4]
+    assert nonfinite_among([]) == [] and nonfinite_among([huge, -huge]) == []
+
+
+@pytest.mark.parametrize("name", ["fp16", "topk", "none"])
+def test_a_bad_tensor_inside_a_bucket_is_named(name):
+    """Tensors back to back in one buffer (a DDP bucket) are checked in one call; the
+    error still names the tensor that holds the NaN."""
+    buf = torch.randn(30)
+    views = [("a", buf[:10]), ("b", buf[10:25].view(3, 5)), ("c", buf[25:])]
+    buf[17] = math.nan
+    with pytest.raises(NonFiniteError, match="tensor 'b' holds 1 NaN"):
+        grace.build(name).step_many(views)
+
+
+def test_an_elementwise_compressor_takes_a_bucket_in_one_call(monkeypatch):
+    """fp16 with no memory compresses tensors that lie back to back as one, with the same
+    means as each on its own."""
+    from gracecomm.compressors.cast import FP16
+    calls = []
+    original = FP16.compress
+
+    def counted(self, tensor, name):
+        calls.append(name)
+        return original(self, tensor, name)
+
+    monkeypatch.setattr(FP16, "compress", counted)
+    buf = torch.randn(1000) * 1e3
+    shapes = [(10, 20), (300,), (1,), (499,)]
+    views, pos = [], 0
+    for i, shape in enumerate(shapes):
+        n = math.prod(shape)
+        views.append((f"t{i}", buf[pos:pos + n].view(shape)))
+        pos += n
+    pipes = [grace.build("fp16"), grace.build("fp16"), grace.build("fp16", memory="residual")]
+    calls.clear()  # building warms the compressor up
+    joined = pipes[0].step_many(views)
+    assert calls == ["t0"]
+    apart = pipes[1].step_many([(n, t.clone()) for n, t in views])
+    for (_, t), a, b in zip(views, joined, apart):
+        assert a.shape == t.shape and torch.equal(a, b)
+    assert calls[1:] == [n for n, _ in views]
+    calls.clear()
+    pipes[2].step_many(views)  # a memory with state: one call per tensor
+    assert calls == [n for n, _ in views]

@@ -73,3 +73,19 @@ def test_malformed_payloads_raise():
         c.decompress((payload[0][:-1],), ctx)
     with pytest.raises(PayloadError, match="tensors"):
         c.decompress(payload * 2, ctx)
+
+
+def layout_rounds(rank, world_size):
+    pipe = grace.build({"name": "powersgd", "rank": 2, "start_iter": 2})
+    tensors = [("w", torch.randn(16, 8) * (rank + 1)), ("b", torch.randn(8))]
+    rounds = []
+    for _ in range(5):
+        pipe.step_many(tensors)
+        rounds.append(pipe.metrics.pop().get("coll_allgather_calls", 0))
+    # the layout is agreed once in the dense warm-up and once when compression starts
+    assert rounds == [1, 0, 1, 0, 0], rounds
+
+
+def test_layout_is_agreed_once_per_phase():
+    from tests.helpers import run_ranks
+    run_ranks(layout_rounds, 2)

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from grace.validation import PayloadError
-from grace.wire import (bits_for, from_bytes, pack_bits, pack_uint, packed_nbytes, to_bytes,
-                        unpack_bits, unpack_uint)
+from grace.wire import (bits_for, contiguous_runs, flat_run, from_bytes, pack_bits, pack_uint,
+                        packed_nbytes, to_bytes, unpack_bits, unpack_uint)
 
 
 @pytest.mark.parametrize("bits", list(range(1, 33)))
@@ -61,3 +61,21 @@ def test_payload_bytes_round_trip_and_truncation():
         from_bytes(buf, [-1, 4, 6], [a, b, c])
     with pytest.raises(PayloadError, match="trailing"):
         from_bytes(buf, [5, 4, 5], [a, b, c])
+
+
+def test_contiguous_runs_find_tensors_back_to_back_in_one_storage():
+    buf = torch.arange(20.0)
+    views = [buf[0:3], buf[3:8].view(5, 1), buf[8:10]]
+    other = torch.zeros(4)
+    gap = buf[11:14]  # one element after the last view: not adjacent
+    strided = buf[14:20:2]
+    tensors = [*views, other, gap, strided, buf.double()[:2]]
+    assert contiguous_runs(tensors) == [range(0, 3), range(3, 4), range(4, 5), range(5, 6),
+                                        range(6, 7)]
+    flat = flat_run(views)
+    assert flat.shape == (10,) and flat.data_ptr() == buf.data_ptr()
+    assert torch.equal(flat, buf[:10])
+    assert flat_run([views[1]]) is views[1]  # a run of one is its tensor, shape kept
+    assert contiguous_runs([]) == []
+    ints = torch.arange(6)
+    assert contiguous_runs([buf[:2], ints[2:4]]) == [range(0, 1), range(1, 2)]  # dtypes differ

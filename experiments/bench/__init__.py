@@ -34,16 +34,20 @@ SuiteFn = Callable[[DictConfig], list[Record]]
 SUITES: dict[str, SuiteFn] = {}
 COMMON_OPTIONS = ("suite", "repeats", "seed", "columns", "threads")
 SUITE_OPTIONS: dict[str, tuple[str, ...]] = {}  # every option each suite reads
+SUITE_COLUMNS: dict[str, tuple[str, ...] | None] = {}  # the table's columns without columns=
 _STATUS, _CLEAR = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
 
-def suite(name: str, options: tuple[str, ...] = ()) -> Callable[[SuiteFn], SuiteFn]:
+def suite(name: str, options: tuple[str, ...] = (),
+          columns: tuple[str, ...] | None = None) -> Callable[[SuiteFn], SuiteFn]:
     """Register a benchmark suite under `name`, reading `options` of ``bench.yaml`` besides
-    the common ones and its own ``<name>.*``."""
+    the common ones and its own ``<name>.*``; its table shows `columns` unless the command
+    line names others (None: every key of its records)."""
 
     def decorator(fn: SuiteFn) -> SuiteFn:
         SUITES[name] = fn
         SUITE_OPTIONS[name] = (*COMMON_OPTIONS, *options, name)
+        SUITE_COLUMNS[name] = columns
         return fn
 
     return decorator

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from grace.plugins import import_submodules
 from grace.validation import ConfigError, check_choice
 from gracecomm.experiments import rundir  # noqa: F401 - registers ${run_token:}
-from gracecomm.experiments.bench import SUITE_OPTIONS, SUITES
+from gracecomm.experiments.bench import SUITE_COLUMNS, SUITE_OPTIONS, SUITES
 from gracecomm.experiments.bench.table import format_table
 
 
@@ -40,7 +40,7 @@ def main(cfg: DictConfig) -> None:
     out = os.path.join(HydraConfig.get().runtime.output_dir, "bench.json")
     with open(out, "w", encoding="utf-8") as f:
         json.dump(records, f, indent=1, default=float)
-    print(format_table(records, cfg.get("columns")))
+    print(format_table(records, cfg.get("columns") or SUITE_COLUMNS[cfg.suite]))
     print(f"\n{len(records)} records written to {out}")
 
 

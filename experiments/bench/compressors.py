@@ -237,8 +237,15 @@ def quality_band(values: list[float]) -> Record:
             "quality_p95": float(torch.quantile(late, 0.95))}
 
 
+COLUMNS = ("method", "dist", "numel", "ratio", "compress_s", "decompress_s", "payload_bytes",
+           "quality", "quality_first", "quality_first10", "quality_p5", "quality_p95", "stages",
+           "rel_error", "x_read", "x_read_total", "topk_speedup", "topk_speedup_total",
+           "receive_x_read", "mem_compress_x", "mem_decompress_x", "topk_mem_x")
+
+
 @suite("compressors", options=("methods", "sizes", "ratios", "distributions", "gradients",
-                                "capture", "steps", "receive_ranks", "peak_memory"))
+                                "capture", "steps", "receive_ranks", "peak_memory"),
+       columns=COLUMNS)
 def run(cfg: DictConfig) -> list[Record]:
     records: list[Record] = []
     steps = max(1, int(cfg.get("steps", 1)))

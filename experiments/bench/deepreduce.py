@@ -43,7 +43,7 @@ from grace.timing import best_of
 from gracecomm.compressors.deepreduce import BloomIndex, CodecCtx, DeepReduce, bloom_size
 from gracecomm.compressors.topk import TopK
 from gracecomm.experiments.bench import Record, suite
-from gracecomm.experiments.bench.compressors import GradientStream, synthetic
+from gracecomm.experiments.bench.compressors import COLUMNS, GradientStream, synthetic
 from gracecomm.experiments.bench.table import format_table
 
 INDEX = ["raw32", "packed", "bitmap", "rle", {"name": "rle", "mode": "alternate"}, "huffman",
@@ -204,7 +204,7 @@ def model_step(model: str, data: str, seed: int, repeats: int) -> list[Record]:
              "vs_top1": best[label] / top} for label, _ in methods]
 
 
-@suite("deepreduce")
+@suite("deepreduce", columns=COLUMNS)
 def run(cfg: DictConfig) -> list[Record]:
     opt = options(cfg, "deepreduce", numel=36_864, ratio=0.01, bloom_numel=2_621_440,
                   fpr=0.001, threads=1, repeats=int(cfg.repeats), step_model="resnet20",
@@ -266,7 +266,7 @@ def index_bits(index_bytes: int, r: int, d: int) -> Record:
     return {"bits_per_index (measured)": bits / r, "final_over_initial": bits / d}
 
 
-@suite("deepreduce_fig10")
+@suite("deepreduce_fig10", columns=COLUMNS)
 def fig10(cfg: DictConfig) -> list[Record]:
     opt = options(cfg, "deepreduce_fig10", epochs=3, batch_size=32, ratio=0.01,
                   layer="layers.7.conv1.weight", repeats=int(cfg.repeats))

@@ -17,9 +17,11 @@ def _cell(value: Any) -> str:
 
 
 def format_table(records: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """Align `records` in columns (the given ones, or every key in first-seen order)."""
+    """Align `records` in columns (those of the given ones that some record has, or every
+    key in first-seen order)."""
     if not records:
         return "(no records)"
+    columns = [c for c in columns or () if any(c in r for r in records)]
     if not columns:
         columns = list(dict.fromkeys(k for r in records for k in r))
     rows = [[_cell(r.get(c)) for c in columns] for r in records]
