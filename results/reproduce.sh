@@ -12,7 +12,7 @@ OUT=multirun/results
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
   sparse_model every_method bench_sidco bench_fig10 natural_table1 variance grace_reference \
-  powersgd_vs_torch long_run netbench)
+  powersgd_vs_torch hook long_run netbench)
 
 train_into() {  # train_into DIR [overrides...]: a multirun into an emptied $OUT/DIR
   local dir=$1; shift
@@ -80,6 +80,8 @@ for step in "${steps[@]}"; do
         'columns=[method,total_s,x_read_total,bits_per_element,grace_total_s,grace_x_read_total,grace_bits_per_element,x_faster_than_grace,skipped]' \
         | tee results/grace_reference.txt ;;
     powersgd_vs_torch) python -m gracecomm.experiments.powersgd_vs_torch | tee results/powersgd_vs_torch.txt ;;
+    hook) gracecomm-bench suite=hook +hook.rounds=7 hydra.run.dir=outputs/results/hook \
+        | tee results/hook.txt ;;
     long_run)  # ~2,900 steps of the default experiment: state size and peak RSS over time
       train_into long_run compressor=none,topk,dgc,sidco,powersgd,deepreduce trainer.epochs=130
       mkdir -p results/long_run && cp "$OUT/long_run"/report.{md,csv} results/long_run/

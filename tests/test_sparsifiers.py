@@ -558,3 +558,26 @@ def test_signum_runs_the_optimizer_without_momentum():
     assert Need.OWNS_MOMENTUM in pipe.needs and pipe.needed_by(Need.OWNS_MOMENTUM) == \
         pipe.compressor.label
     assert Need.OWNS_MOMENTUM not in grace.build("signsgd").needs
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_later_stages_on_the_pooled_exceedances_select_the_same(backend, monkeypatch):
+    """Once few elements exceed a stage's threshold, the later stages and the selection
+    run on those alone: the same selection as passes over the whole tensor."""
+    if backend == "numba":
+        pytest.importorskip("numba")
+    import gracecomm.compressors.sidco as sidco
+    torch.manual_seed(0)
+    x = torch.distributions.StudentT(3.0).sample((1 << 21,)) * 1e-3
+    selections = []
+    for compact_from in (1 << 20, 1 << 62):
+        monkeypatch.setattr(sidco, "COMPACT_FROM", compact_from)
+        comp = SIDCo(ratio=0.001, backend=backend, stages=8, adapt={"rule": "off"})
+        eta, used, exact, pool = comp.threshold(x, sidco.moments(x, 0.0, backend), 2097, 8)
+        assert exact is None and used >= 4
+        assert (pool is not None) == (compact_from == 1 << 20)
+        payload, _ = comp.compress(x, "w")
+        selections.append((eta, payload[1]))
+    (eta_pooled, pooled), (eta_whole, whole) = selections
+    assert eta_pooled == eta_whole and torch.equal(pooled, whole)
+    assert 0.5 < pooled.numel() / 2097 < 2.0

@@ -18,6 +18,7 @@ import torch
 
 from grace.compressor import Payload, TensorInfo
 from gracecomm.compressors.shared.deflate import deflate, inflate
+from gracecomm.compressors.shared.exceedance import top_k
 from grace.validation import ConfigError, PayloadError
 
 Groups = str | Sequence[str] | None  # "auto", None (no such group) or names / module prefixes
@@ -125,9 +126,9 @@ class Plan:
 
     # -- selection --------------------------------------------------------------------------
     def topk(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Exact per-layer top-k of |a_l| on M and Lambda, indices ascending (int64)."""
-        return [torch.topk(tensors[i].reshape(-1).abs(), k, sorted=False).indices.sort().values
-                for i, k in zip(self.sparse, self.k)]
+        """Exact per-layer top-k of |a_l| on M and Lambda, indices ascending (int64; ties to
+        the lowest index, `gracecomm.compressors.shared.exceedance.top_k`)."""
+        return [top_k(tensors[i].reshape(-1), k)[0] for i, k in zip(self.sparse, self.k)]
 
     def values(self, tensors: Sequence[torch.Tensor],
                indices: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
