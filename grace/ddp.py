@@ -7,7 +7,9 @@ exchange for custom loops.
     exchange = GradientExchange(grace, model, optimizer); exchange.step()
 
 For each gradient bucket the hook compresses every parameter's gradient separately (its own
-k, its own statistics, its own residual keyed by the parameter name) on the backward thread,
+k, its own statistics, its own residual keyed by the parameter name; an elementwise
+compressor with a memory that keeps nothing takes the bucket as one tensor, with the same
+result: `Capabilities.elementwise`) on the backward thread,
 launches the bucket's first collective and returns a future, as PyTorch's own hooks do; the
 later rounds and the decompression run on the communicator's worker (`grace.exchange`), so a
 bucket's communication overlaps with the backward pass of the next buckets. A model of one
