@@ -30,6 +30,8 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -108,10 +110,27 @@ def exit_now(code: int = 0) -> NoReturn:
     """End a worker whose work is done, skipping the interpreter's teardown: C++ threads of
     communication and kernel libraries (Gloo, numba's thread pool) are sometimes still
     joinable when static destructors run, and the process then aborts ("terminate called
-    without an active exception") after a successful run."""
+    without an active exception") after a successful run. Temporary directories still open
+    are removed first (`remove_temporary_directories`)."""
+    remove_temporary_directories()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def remove_temporary_directories() -> None:
+    """Remove every `tempfile.TemporaryDirectory` still alive in this process (torch's
+    remote-module template, wandb's media staging), as the interpreter's exit would: their
+    finalizers are `weakref.finalize` callbacks, which `os._exit` skips, and each worker left
+    its directories in the system's temporary folder."""
+    cleanup = tempfile.TemporaryDirectory._cleanup.__func__  # type: ignore[attr-defined]
+    registry = weakref.finalize._registry  # type: ignore[attr-defined]
+    for finalizer in list(registry):
+        info = registry.get(finalizer)
+        if info is not None and getattr(info.func, "__func__", None) is cleanup:
+            with warnings.catch_warnings():  # "Implicitly cleaning up": it is deliberate
+                warnings.simplefilter("ignore", ResourceWarning)
+                finalizer()
 
 
 def _die_with_parent() -> None:

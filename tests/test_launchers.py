@@ -105,7 +105,8 @@ def test_torchrun_refuses_a_multirun(tmp_path):
     torchrun = shutil.which("torchrun", path=str(BIN))
     assert torchrun is not None
     proc = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node=1", "-m", "gracecomm.experiments.train",
+        [torchrun, "--standalone", "--nproc_per_node=1", f"--log-dir={tmp_path}/torchrun",
+         "-m", "gracecomm.experiments.train",
          "-m", f"hydra.sweep.dir={tmp_path}/sweep", "compressor=none,topk",
          "trainer.max_steps=2"],
         cwd=tmp_path, capture_output=True, text=True, timeout=280, env=env)

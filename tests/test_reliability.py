@@ -205,3 +205,21 @@ def test_compression_state_does_not_grow(tmp_path):
              .splitlines() if '"type": "eval"' in line]
     sizes = {e["state_bytes"] for e in evals}
     assert len(evals) == 6 and len(sizes) == 1 and sizes.pop() > 0
+
+
+KEPT = []  # alive until the process exits, as a module's own temporary directory is
+
+
+def open_temporary_directory(rank, world_size, out):
+    import tempfile
+    KEPT.append(tempfile.TemporaryDirectory(prefix="gracecomm-test-"))
+    with open(os.path.join(out, f"rank{rank}"), "w") as f:
+        f.write(KEPT[-1].name)
+
+
+def test_workers_remove_their_temporary_directories(tmp_path):
+    """Workers end with os._exit, which skips the finalizers that remove temporary
+    directories: the launcher's exit removes them first."""
+    run_ranks(open_temporary_directory, 2, str(tmp_path))
+    names = [(tmp_path / f"rank{r}").read_text() for r in range(2)]
+    assert all(name and not os.path.exists(name) for name in names), names
