@@ -57,8 +57,8 @@ class Compose(Compressor):
         self.adopt_training_needs(stages)
 
     def capabilities(self) -> Capabilities:
-        """Summable, of fixed size and elementwise when every stage is; residual memory when any stage
-        brings it; the communicators every stage allows."""
+        """Summable, of fixed size and elementwise when every stage is; residual memory when
+        any stage brings it; the communicators every stage allows."""
         stages = [s.capabilities() for s in self.stages]
         summable = all(s.summable for s in stages)
         allowed = [set(s.communicators) for s in stages if s.communicators is not None]

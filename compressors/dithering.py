@@ -159,7 +159,8 @@ class Dithering(Compressor):
         """float32 norms, one per bucket; the packed sign plane; the packed level codes."""
         n = info.numel
         return ((torch.float32, self.buckets(n)[1] if n else 0),
-                (torch.uint8, packed_nbytes(n, 1)), (torch.uint8, packed_nbytes(n, self.code_bits)))
+                (torch.uint8, packed_nbytes(n, 1)),
+                (torch.uint8, packed_nbytes(n, self.code_bits)))
 
     def decompress(self, payload: Payload, ctx: TensorInfo) -> torch.Tensor:
         return self._decode([payload], ctx)

@@ -50,8 +50,8 @@ from grace.compressor import Capabilities, Compressor, Payload, PayloadSpec, Ten
 from grace.registry import COMPRESSORS
 from gracecomm.compressors.shared.stochastic import (FLOAT_BITS, RandomStreams, check_rng, kernels_enabled,
                               natural_round_bits, random_bits, second_key, use_kernels)
-from grace.validation import (ConfigError, PayloadError, check_choice, check_range,
-                              expect_payload, nonfinite_error)
+from grace.validation import (ConfigError, PayloadError, all_finite, check_choice,
+                              check_range, expect_payload, nonfinite_error)
 from grace.wire import pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint
 
 F32, F64 = FLOAT_BITS[torch.float32], FLOAT_BITS[torch.float64]
@@ -192,7 +192,7 @@ class Natural(Compressor):
                 exps, signs, top = nat9_encode(x.numpy().view(np.uint32), key, self.stochastic)
             exps, signs = torch.from_numpy(exps), torch.from_numpy(signs)
             return (self._saturate(exps, cap, name) if top >= cap << 23 else exps), signs
-        if x.numel() and not bool(torch.isfinite(x).all()):
+        if not all_finite(x):
             x = self._finite(x, name)
         bits = x.view(torch.int32)
         r = (random_bits(x.numel(), 23, key, x.device, self.rng) if self.stochastic
@@ -203,7 +203,7 @@ class Natural(Compressor):
 
     def _nat12(self, x: torch.Tensor, key: int, name: str) -> torch.Tensor:
         """12-bit codes sign << 11 | E of C_nat for float64 `x`, packed."""
-        if x.numel() and not bool(torch.isfinite(x).all()):
+        if not all_finite(x):
             x = self._finite(x, name)
         bits = x.view(torch.int64)
         r = (random_bits(x.numel(), 52, key, x.device, self.rng) if self.stochastic

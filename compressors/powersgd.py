@@ -68,7 +68,8 @@ def orthonormalize(p: torch.Tensor) -> torch.Tensor:
 
 
 def orthonormalize_(p: torch.Tensor) -> torch.Tensor:
-    """`orthonormalize` in place; returns `p`. A dropped column is divided by infinity."""
+    """`orthonormalize` in place; returns `p`. A dropped column is divided by infinity (a
+    column holding NaN stays NaN; the pipeline never hands one over)."""
     tol = 1000 * torch.finfo(p.dtype).eps * torch.norm(p, dim=-2, keepdim=True)
     for i in range(p.shape[-1]):
         col = p[..., i:i + 1]

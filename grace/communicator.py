@@ -186,9 +186,10 @@ class Communicator(Stateful, ABC):
         allgather and checked before anything is allocated for them (none negative, no
         rank's total beyond `Link.max_nbytes`). For a compressor whose payload sizes are
         fixed by the shapes (``fixed_size``) they are exchanged once per set of tensors and
-        phase (`Compressor.layout_phase`), to agree on them, and from then on only this rank's payload (sizes and dtypes) is
-        checked against the agreed layout, with no round, before it goes on the wire: a
-        collective whose sizes differ between ranks would abort the process."""
+        phase (`Compressor.layout_phase`), to agree on them, and from then on only this rank's
+        payload (sizes and dtypes) is checked against the agreed layout, with no round,
+        before it goes on the wire: a collective whose sizes differ between ranks would abort
+        the process."""
         local = self.flatten(items)
         sizes = [t.numel() * t.element_size() for t in local]
         if self.world_size == 1:

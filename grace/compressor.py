@@ -44,7 +44,7 @@ class Capabilities:
     default_memory: str
     default_communicator: str
     communicators: tuple[str, ...] | None
-    elementwise: bool = False
+    elementwise: bool
 
 
 @dataclass(frozen=True)

@@ -63,3 +63,21 @@ def test_synthetic_sources_and_quality_band():
     assert torch.equal(t, synthetic("student_t", 100_000, 0))
     band = quality_band([5.0, 5.0, 1.0, 0.9, 1.1, 1.0])  # the second half only
     assert band["quality"] == 1.0 and band["quality_p5"] < 1.0 < band["quality_p95"]
+
+
+def test_hook_suite_runs_two_ranks_and_names_bad_methods(tmp_path):
+    """Plain DDP, this library's hook and PyTorch's fp16 hook on 2 Gloo ranks; each record
+    is set against plain DDP (and PyTorch's hook where the method has one)."""
+    proc, records = bench(tmp_path, "suite=hook", "+hook.methods=[ddp,none,fp16,torch_fp16]",
+                          "+hook.steps=2", "+hook.rounds=1", "+hook.warmup_steps=1",
+                          "+hook.timeout_s=100")
+    by = {r["method"]: r for r in records}
+    assert list(by) == ["ddp", "none", "fp16", "torch_fp16"]
+    assert by["ddp"]["over_ddp_ms"] == 0.0 and all(r["cpu_ms"] > 0 for r in records)
+    assert "over_torch_ms" in by["fp16"] and "over_torch_ms" not in by["none"]
+    assert "over_ddp_ms" in proc.stdout  # the suite's own columns, not the compressors'
+    bad = subprocess.run(
+        [sys.executable, "-m", "gracecomm.experiments.bench", f"hydra.run.dir={tmp_path}/bad",
+         "suite=hook", "+hook.methods=[ddp,topkk]"], cwd=ROOT, capture_output=True, text=True,
+        timeout=120)
+    assert bad.returncode != 0 and "+hook.methods names ['topkk']" in bad.stderr

@@ -26,8 +26,8 @@ from torch import nn
 
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.sparse import DEFAULT_RATIO, desparsify, index_mask
-from grace.validation import (ConfigError, PayloadError, check_choice, check_range,
-                              check_ratio, expect_payload)
+from grace.validation import (ConfigError, PayloadError, all_finite, check_choice,
+                              check_range, check_ratio, expect_payload)
 from grace.wire import payload_nbytes
 from gracecomm.compressors.lgc.autoencoder import Decoder, Encoder, pad, padded_length
 from gracecomm.compressors.lgc.layout import Groups, Plan
@@ -306,7 +306,7 @@ class LGC(Compressor):
         self.synced = True
 
     def check_reconstruction(self, x: torch.Tensor) -> torch.Tensor:
-        if not bool(torch.isfinite(x).all()):
+        if not all_finite(x):
             raise FloatingPointError(f"{self.label}: the autoencoder's phase-3 reconstruction "
                                      f"holds NaN or Inf at step {self.step}")
         return x

@@ -194,24 +194,30 @@ def select(x: torch.Tensor, thr: float, backend: str = "auto",
     numba kernel's per-chunk buffers; a wrong guess costs time, never correctness."""
     if not use_numba(backend, x):
         return torch.nonzero(x.abs() >= thr).view(-1)
-    return select_values(x, thr, backend, expected)[0]
+    return _collect(x, thr, expected)[0]
 
 
 def select_values(x: torch.Tensor, thr: float, backend: str = "auto",
                   expected: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(`select`'s indices, x at them), in one pass."""
-    if use_numba(backend, x):
-        lo = threshold_key(thr, x.dtype)
-        if lo is None:
-            return torch.empty(0, dtype=torch.int64), x[:0]
-        d, lay = x.numel(), layout(x)
-        guess = d if expected is None else max(0, int(expected))
-        cap = min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)
-        _, positions, raw = _kernels().collect(_key_view(x), lay.mask, lay.top, lo,
-                                               lay.inf - lo, cap, d, threads(x))
-        return torch.from_numpy(positions), torch.from_numpy(raw).view(x.dtype)
-    positions = select(x, thr, backend)
-    return positions, x.index_select(0, positions)
+    """(`select`'s indices, x at them), in one pass with the numba kernel."""
+    if not use_numba(backend, x):
+        positions = torch.nonzero(x.abs() >= thr).view(-1)
+        return positions, x.index_select(0, positions)
+    return _collect(x, thr, expected)
+
+
+def _collect(x: torch.Tensor, thr: float, expected: int | None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The numba kernel behind `select` and `select_values`."""
+    lo = threshold_key(thr, x.dtype)
+    if lo is None:
+        return torch.empty(0, dtype=torch.int64), x[:0]
+    d, lay = x.numel(), layout(x)
+    guess = d if expected is None else max(0, int(expected))
+    cap = min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)
+    _, positions, raw = _kernels().collect(_key_view(x), lay.mask, lay.top, lo, lay.inf - lo,
+                                           cap, d, threads(x))
+    return torch.from_numpy(positions), torch.from_numpy(raw).view(x.dtype)
 
 
 def count_infinite(x: torch.Tensor) -> int:

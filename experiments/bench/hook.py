@@ -51,7 +51,6 @@ from gracecomm.experiments.tasks import make_task
 from gracecomm.experiments.torch_hooks import register_torch_hook
 from gracecomm.experiments.train import CONFIG_DIR, build_grace, compose_config, exchange_mode
 
-NETBENCH = OmegaConf.load(CONFIG_DIR / "netbench.yaml")
 DEFAULTS = {"methods": ["ddp", "none", "fp16", "torch_fp16", "topk", "powersgd",
                         "torch_powersgd"],
             "steps": 40, "rounds": 5, "warmup_steps": 5, "world_size": 2, "timeout_s": 900,
@@ -62,13 +61,14 @@ BASELINE = "ddp"
 def plan(methods: list[str], extra: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
     """(method, gracecomm-train overrides) for each method, from netbench's presets and
     the `extra` ones."""
-    presets = {**OmegaConf.to_container(NETBENCH.presets), **extra}
+    netbench = OmegaConf.load(CONFIG_DIR / "netbench.yaml")
+    presets = {**OmegaConf.to_container(netbench.presets), **extra}
     unknown = [m for m in methods if m not in presets]
     if unknown:
         raise ConfigError(f"bench: +hook.methods names {unknown}, which are neither presets "
                           f"of configs/netbench.yaml nor of +hook.presets; known: "
                           f"{', '.join(presets)}")
-    base = [str(o) for o in NETBENCH.overrides]
+    base = [str(o) for o in netbench.overrides]
     return [(m, [*base, *map(str, presets[m])]) for m in methods]
 
 
