@@ -122,9 +122,14 @@ class Dithering(Compressor):
         """y-units per code step at the top of the range (s for standard levels)."""
         return float(self.levels)
 
-    def level_values(self, codes: torch.Tensor) -> torch.Tensor:
-        """float32 level l(c) of every code c, in units of the norm."""
-        return codes.to(torch.float32).div_(self.levels)
+    def code_values(self, codes: torch.Tensor) -> torch.Tensor:
+        """float32 value of every code c in units of `code_scales`: c (the level is c / s)."""
+        return codes.to(torch.float32)
+
+    def code_scales(self, norms: torch.Tensor) -> torch.Tensor:
+        """What a code value is multiplied by, per bucket: ||x||_p / s, so that code c
+        decodes to sign * ||x||_p * c / s."""
+        return norms / self.levels
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
         info = TensorInfo.of(tensor)
@@ -194,18 +199,18 @@ class Dithering(Compressor):
         if self._fused(payloads[0]):
             from gracecomm.compressors.shared.kernels import dither_sum
 
-            table = self.level_values(torch.arange(self.levels + 1, dtype=self.code_dtype))
             values, top = dither_sum(tuple(p[1].numpy() for p in payloads),
                                      tuple(p[2].numpy() for p in payloads),
-                                     tuple(p[0].numpy() for p in payloads), table.numpy(),
-                                     size, n, self.code_bits)
+                                     tuple(self.code_scales(p[0]).numpy() for p in payloads),
+                                     self.levels, self.natural_levels, size, n, self.code_bits)
             self._check_codes(top)
             return torch.from_numpy(values).to(ctx.dtype).view(ctx.shape)
         (norms, signs, packed), = payloads
         codes = unpack_uint(packed, self.code_bits, n, dtype=self.code_dtype)
         self._check_codes(int(codes.max()))
-        out = self.level_values(codes)
-        out = scale_buckets_(torch.where(unpack_bits(signs, n), -out, out), norms, size)
+        out = self.code_values(codes)
+        out = scale_buckets_(torch.where(unpack_bits(signs, n), -out, out),
+                             self.code_scales(norms), size)
         return out.to(ctx.dtype).view(ctx.shape)
 
     def _check_codes(self, top: int) -> None:
@@ -248,9 +253,13 @@ class NaturalDithering(Dithering):
         return torch.where(scaled >= 1, rounded - (F32.bias - 1), bottom.to(torch.int32)).to(
             self.code_dtype)
 
-    def level_values(self, codes: torch.Tensor) -> torch.Tensor:
+    def code_values(self, codes: torch.Tensor) -> torch.Tensor:
+        """The level itself: 2^(c - s), 0 for c = 0."""
         exponent = codes.to(torch.int32) + (F32.bias - self.levels)  # biased exponent of 2^(c-s)
         return torch.where(codes > 0, exponent << F32.mantissa, 0).view(torch.float32)
+
+    def code_scales(self, norms: torch.Tensor) -> torch.Tensor:
+        return norms
 
 
 @COMPRESSORS.register("qsgd")

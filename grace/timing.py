@@ -6,7 +6,7 @@ report ratios of times measured in the same run; tests never assert on times."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -16,16 +16,25 @@ def best_of(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1,
             cuda: bool = False) -> float:
     """Smallest time in seconds of `repeats` calls of `fn` after `warmup` calls: process
     CPU time (all threads), or wall time with `cuda`."""
+    return best_of_each([fn], repeats, warmup, cuda)[0]
+
+
+def best_of_each(fns: Sequence[Callable[[], Any]], repeats: int = 5, warmup: int = 1,
+                 cuda: bool = False) -> list[float]:
+    """`best_of` for several functions timed in turn within every repeat, so that a change
+    of load or clock during the run reaches all of them alike."""
     clock = time.perf_counter if cuda else time.process_time
     for _ in range(warmup):
-        fn()
-    best = float("inf")
+        for fn in fns:
+            fn()
+    best = [float("inf")] * len(fns)
     for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        start = clock()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        best = min(best, clock() - start)
+        for i, fn in enumerate(fns):
+            if cuda:
+                torch.cuda.synchronize()
+            start = clock()
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+            best[i] = min(best[i], clock() - start)
     return best

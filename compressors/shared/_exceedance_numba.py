@@ -203,37 +203,53 @@ def _place_threads(x, mask, top, lo, span, offsets, raw, counts, written, starts
 
 
 @numba.njit(cache=True)
-def collect(x, mask, top, lo, span, cap, limit, parallel):  # pragma: no cover - compiled
-    """(count, ascending int64 positions, elements) of the hits of the key view `x`; the
-    positions and elements only when count <= limit (else empty arrays). `cap` sizes the
-    per-chunk buffers; a chunk with more hits is rescanned into its exact slot. Chunks run
-    on numba's threads with `parallel`, else in this thread."""
-    chunks = (x.size + CHUNK - 1) // CHUNK
-    width = cap + STRIDE
-    offsets = np.empty(chunks * width, np.int32)
-    raw = np.empty(chunks * width, x.dtype)
-    counts = np.zeros(chunks, np.int64)
-    written = np.zeros(chunks, np.int64)
+def fill(x, mask, top, lo, span, offsets, raw, counts, written, parallel):  # pragma: no cover
+    """Pass 1 of `collect`: every chunk's hits into its slot of the per-chunk buffers
+    `offsets` and `raw` (counts.size slots), their number into `counts` and how many were
+    written into `written`. Chunks run on numba's threads with `parallel`."""
     if parallel:
         _fill_threads(x, mask, top, lo, span, offsets, raw, counts, written)
     else:
-        for c in range(chunks):
+        for c in range(counts.size):
             _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written)
-    total = counts.sum()
-    if total > limit:
-        return total, np.empty(0, np.int64), np.empty(0, x.dtype)
-    starts = np.zeros(chunks + 1, np.int64)
-    for c in range(chunks):
+
+
+@numba.njit(cache=True)
+def place(x, mask, top, lo, span, offsets, raw, counts, written, positions, out_raw,
+          parallel):  # pragma: no cover - compiled
+    """Pass 2 of `collect`: the hits at their place in `positions` (int64) and `out_raw`,
+    sized counts.sum(), rescanning the chunks whose slot overflowed."""
+    starts = np.zeros(counts.size + 1, np.int64)
+    for c in range(counts.size):
         starts[c + 1] = starts[c] + counts[c]
-    positions = np.empty(total, np.int64)
-    out_raw = np.empty(total, x.dtype)
     if parallel:
         _place_threads(x, mask, top, lo, span, offsets, raw, counts, written, starts,
                        positions, out_raw)
     else:
-        for c in range(chunks):
+        for c in range(counts.size):
             _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, starts,
                          positions, out_raw)
+
+
+@numba.njit(cache=True)
+def collect(x, mask, top, lo, span, cap, limit, parallel):  # pragma: no cover - compiled
+    """(count, ascending int64 positions, elements) of the hits of the key view `x`; the
+    positions and elements only when count <= limit (else empty arrays). `cap` sizes the
+    per-chunk buffers; a chunk with more hits is rescanned into its exact slot. For
+    `top_k`'s small candidate sets: large results are collected by `fill` and `place` into
+    buffers numpy allocates (`gracecomm.compressors.shared.exceedance`)."""
+    chunks = (x.size + CHUNK - 1) // CHUNK
+    offsets = np.empty(chunks * (cap + STRIDE), np.int32)
+    raw = np.empty(chunks * (cap + STRIDE), x.dtype)
+    counts = np.zeros(chunks, np.int64)
+    written = np.zeros(chunks, np.int64)
+    fill(x, mask, top, lo, span, offsets, raw, counts, written, parallel)
+    total = counts.sum()
+    if total > limit:
+        return total, np.empty(0, np.int64), np.empty(0, x.dtype)
+    positions = np.empty(total, np.int64)
+    out_raw = np.empty(total, x.dtype)
+    place(x, mask, top, lo, span, offsets, raw, counts, written, positions, out_raw, parallel)
     return total, positions, out_raw
 
 

@@ -36,13 +36,21 @@ from typing import Any
 import numba
 import numpy as np
 import torch
+from llvmlite import ir
+from numba.core import types
 from numba.cpython.unsafe.numbers import trailing_zeros
+from numba.extending import intrinsic
+
+from gracecomm.compressors.shared.stochastic import FLOAT_BITS
 
 U32, U64, U8, F32 = np.uint32, np.uint64, np.uint8, np.float32
 PARALLEL_MIN = 1 << 20
 _BLOCK = 4096  # elements per block (stays in cache): a multiple of 8, whole packed groups
-_BYTE_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(bool)  # [byte, lane]
+# _SPREAD[byte]: its 8 bits as the 8 bytes of a little-endian uint64, bit j in byte j
+_SPREAD = np.array([sum(((b >> j) & 1) << (8 * j) for j in range(8)) for b in range(256)],
+                   dtype=np.uint64)
 _POOLS: dict[int, ThreadPoolExecutor] = {}
+F32_BIAS = FLOAT_BITS[torch.float32].bias
 
 
 def _split(n: int, kernel: Callable[..., Any], args: Callable[[int, int], tuple]) -> list[Any]:
@@ -57,6 +65,14 @@ def _split(n: int, kernel: Callable[..., Any], args: Callable[[int, int], tuple]
     per = ((n + threads - 1) // threads + 7) // 8 * 8
     futures = [pool.submit(kernel, *args(lo, min(n, lo + per))) for lo in range(0, n, per)]
     return [f.result() for f in futures]
+
+
+@intrinsic
+def _as_float32(typingctx, pattern):  # pragma: no cover - compiled
+    """The float32 whose bit pattern is the uint32 `pattern`."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.uint32), codegen
 
 
 @numba.njit(inline="always")
@@ -163,37 +179,29 @@ def pack_signs(x: np.ndarray, sums: bool) -> tuple[np.ndarray, int, float, float
             sum(float(p[2]) for p in parts))
 
 
-@numba.njit(inline="always")
-def _accumulate(block, values, scale, first):  # pragma: no cover - compiled
-    """block = values * scale for the first rank, block += values * scale for the others
-    (both arrays indexed from 0, so the loop vectorises; times 1.0 is exact)."""
-    if first:
-        for j in range(block.size):
-            block[j] = values[j] * scale
-    else:
-        for j in range(block.size):
-            block[j] += values[j] * scale
-
-
 @numba.njit(cache=True, nogil=True)
-def _signs_sum(signs, tables, out, lo, hi):  # pragma: no cover - compiled
-    """out[lo:hi] = the sum over ranks r of tables[r, byte, lane] for each element's sign
-    byte and lane; a block at a time, so `out` is written once whatever the number of
-    ranks, and a group of 8 is one row of the table (one vector load)."""
-    values = np.empty(_BLOCK, dtype=np.float32)
+def _signs_sum(signs, lows, highs, out, lo, hi):  # pragma: no cover - compiled
+    """out[lo:hi] = the sum over ranks r of lows[r] where the sign bit is set, else
+    highs[r]; a block at a time, so `out` is written once whatever the number of ranks. The
+    select per lane of a sign byte vectorises (a mask per group of 8)."""
     for b0 in range(lo, hi, _BLOCK):
         m = min(_BLOCK, hi - b0)
-        g0 = b0 // 8
         block = out[b0:b0 + m]
         for r in range(len(signs)):
-            plane, table = signs[r], tables[r]
-            for g in range(m // 8):
-                byte = plane[g0 + g]
-                for lane in range(8):
-                    values[8 * g + lane] = table[byte, lane]
+            plane, low, high = signs[r][b0 // 8:(b0 + m + 7) // 8], lows[r], highs[r]
+            if r == 0:
+                for g in range(m // 8):
+                    byte = plane[g]
+                    for lane in range(8):
+                        block[8 * g + lane] = low if (byte >> U8(lane)) & U8(1) else high
+            else:
+                for g in range(m // 8):
+                    byte = plane[g]
+                    for lane in range(8):
+                        block[8 * g + lane] += low if (byte >> U8(lane)) & U8(1) else high
             for k in range(m // 8 * 8, m):  # the tensor's last, partial group
-                values[k] = table[plane[g0 + k // 8], k % 8]
-            _accumulate(block, values, F32(1.0), r == 0)
+                value = low if (plane[k // 8] >> U8(k % 8)) & U8(1) else high
+                block[k] = value if r == 0 else block[k] + value
 
 
 def signs_sum(signs: tuple[np.ndarray, ...], lows: np.ndarray, highs: np.ndarray,
@@ -201,15 +209,19 @@ def signs_sum(signs: tuple[np.ndarray, ...], lows: np.ndarray, highs: np.ndarray
     """float32 array of n values: the sum over ranks, in rank order, of `lows[r]` where rank
     r's sign plane has the bit set, else `highs[r]` (one rank: the decoded plane)."""
     out = np.empty(n, dtype=np.float32)
-    # each rank's table of the 8 values of every sign byte, built once for every part
-    tables = np.where(_BYTE_BITS, lows[:, None, None], highs[:, None, None]).astype(np.float32)
-    _split(n, _signs_sum, lambda lo, hi: (signs, tables, out, lo, hi))
+    lows, highs = lows.astype(np.float32), highs.astype(np.float32)
+    _split(n, _signs_sum, lambda lo, hi: (signs, lows, highs, out, lo, hi))
     return out
 
 
 @numba.njit(cache=True, nogil=True)
 def _count_bits(signs, counts):  # pragma: no cover - compiled
-    for k in range(counts.size):
+    """counts += the bits of `signs`, a group of 8 lanes per sign byte (vectorised)."""
+    for g in range(counts.size // 8):
+        byte = signs[g]
+        for lane in range(8):
+            counts[8 * g + lane] += (byte >> U8(lane)) & U8(1)
+    for k in range(counts.size // 8 * 8, counts.size):
         counts[k] += (signs[k >> 3] >> U8(k & 7)) & U8(1)
 
 
@@ -217,6 +229,51 @@ def count_signs(signs: np.ndarray, counts: np.ndarray) -> None:
     """Add the sign plane's bits (1 where set) to the integer `counts` in place."""
     _split(counts.size, _count_bits, lambda lo, hi: (signs[lo // 8:(hi + 7) // 8],
                                                      counts[lo:hi]))
+
+
+# -- packed planes to a byte per element ----------------------------------------------------
+@numba.njit(inline="always")
+def _spread(w, bits):  # pragma: no cover - compiled
+    """The 8 `bits`-wide codes packed LSB-first in `w` moved to the 8 bytes of the result, in
+    three halving steps (4 codes, 2, 1): a dozen integer operations whatever `bits` is."""
+    m1 = U64((1 << (4 * bits)) - 1)
+    m2 = U64(((1 << (2 * bits)) - 1) * (1 | 1 << 32))
+    m3 = U64(((1 << bits) - 1) * 0x0001000100010001)
+    w = (w & m1) | (((w >> U64(4 * bits)) & m1) << U64(32))
+    w = (w & m2) | (((w >> U64(2 * bits)) & m2) << U64(16))
+    return (w & m3) | (((w >> U64(bits)) & m3) << U64(8))
+
+
+@numba.njit(inline="always")
+def _unpack_codes(plane, bits, out):  # pragma: no cover - compiled
+    """The `bits`-wide codes of `plane` (LSB-first, 8 codes per `bits` bytes; a short last
+    group reads as zeros past the end) into `out`, one byte each; one bit per code is a
+    lookup of `_SPREAD`."""
+    words = out.view(np.uint64)
+    if bits == 1:
+        for g in range(plane.size):
+            words[g] = _SPREAD[plane[g]]
+        return
+    whole = plane.size // bits
+    for g in range(whole):
+        w = U64(0)
+        for b in range(bits):  # a constant trip count: the loads combine
+            w |= U64(plane[g * bits + b]) << U64(8 * b)
+        words[g] = _spread(w, bits)
+    if plane.size > whole * bits:
+        w = U64(0)
+        for b in range(plane.size - whole * bits):
+            w |= U64(plane[whole * bits + b]) << U64(8 * b)
+        words[whole] = _spread(w, bits)
+
+
+@numba.njit(inline="always")
+def _largest(codes):  # pragma: no cover - compiled
+    """The largest of the uint8 `codes` (0 if empty)."""
+    top = U8(0)
+    for j in range(codes.size):
+        top = max(top, codes[j])
+    return top
 
 
 # -- natural compression, nat9 -------------------------------------------------------------
@@ -251,43 +308,27 @@ def nat9_encode(bits: np.ndarray, key: int, stochastic: bool) -> tuple[np.ndarra
     return exps, signs, int(max(tops))
 
 
-@numba.njit(inline="always")
-def _nat9_patterns(exps, signs, out):  # pragma: no cover - compiled
-    """(sign << 31) | (exponent << 23) into the uint32 `out`; the largest exponent byte."""
-    top = U8(0)
-    for k in range(exps.size):
-        top = max(top, exps[k])
-    groups = exps.size // 8
-    words = out[:8 * groups].view(np.uint64)  # two float32 patterns per word
-    e8 = exps[:8 * groups].view(np.uint64)
-    for j in range(groups):
-        s = U64(signs[j])
-        e = e8[j]
-        for q in range(4):
-            lo = (((s >> U64(2 * q)) & U64(1)) << U64(31)) | (
-                ((e >> U64(16 * q)) & U64(0xFF)) << U64(23))
-            hi = (((s >> U64(2 * q + 1)) & U64(1)) << U64(63)) | (
-                ((e >> U64(16 * q + 8)) & U64(0xFF)) << U64(55))
-            words[4 * j + q] = lo | hi
-    for k in range(8 * groups, exps.size):
-        sign = U32(U32(signs[groups]) >> U32(k - 8 * groups)) & U32(1)
-        out[k] = U32(sign << U32(31)) | U32(U32(exps[k]) << U32(23))
-    return top
-
-
 @numba.njit(cache=True, nogil=True)
 def _nat9_sum(exps, signs, out, lo, hi):  # pragma: no cover - compiled
-    """out[lo:hi] = the sum over ranks of the decoded float32 values, a block of patterns
-    (in cache) at a time; the largest exponent byte."""
-    patterns = np.empty(_BLOCK, dtype=np.uint32)
-    values = patterns.view(np.float32)
+    """out[lo:hi] = the sum over ranks of the values (sign << 31) | (exponent << 23), a block
+    at a time: the sign plane is spread to a byte per element, then each value is formed
+    and added in one vectorised loop; the largest exponent byte."""
+    negative = np.zeros(_BLOCK, dtype=np.uint8)
     top = U8(0)
     for b0 in range(lo, hi, _BLOCK):
         m = min(_BLOCK, hi - b0)
+        block = out[b0:b0 + m]
         for r in range(len(exps)):
-            top = max(top, _nat9_patterns(exps[r][b0:b0 + m],
-                                          signs[r][b0 // 8:(b0 + m + 7) // 8], patterns[:m]))
-            _accumulate(out[b0:b0 + m], values, F32(1.0), r == 0)
+            e = exps[r][b0:b0 + m]
+            _unpack_codes(signs[r][b0 // 8:(b0 + m + 7) // 8], 1, negative)
+            top = max(top, _largest(e))
+            sign = negative[:m]
+            if r == 0:
+                for j in range(m):
+                    block[j] = _as_float32((U32(sign[j]) << U32(31)) | (U32(e[j]) << U32(23)))
+            else:
+                for j in range(m):
+                    block[j] += _as_float32((U32(sign[j]) << U32(31)) | (U32(e[j]) << U32(23)))
     return top
 
 
@@ -372,81 +413,73 @@ def dither_encode(x: np.ndarray, scale: np.ndarray, bucket: int, units: float, n
 
 
 @numba.njit(inline="always")
-def _group_word(codes, g, bits):  # pragma: no cover - compiled
-    """The `bits` bytes of packed group g (8 codes) as one word; bytes past the end are 0."""
-    word = U64(0)
-    for b in range(min(bits, codes.size - g * bits)):
-        word |= U64(codes[g * bits + b]) << U64(8 * b)
-    return word
+def _code_value(c, negative, levels, natural):  # pragma: no cover - compiled
+    """The signed value of code `c`: +-c (standard levels) or +-2^(c - levels) and 0 for
+    c = 0 (natural levels)."""
+    if natural:
+        c = U32(c)
+        return _as_float32((((c + U32(F32_BIAS - levels)) << U32(23)) & (U32(0) - U32(c > U32(0))))
+                           | (U32(negative) << U32(31)))
+    return F32(np.int32(c)) * (F32(1.0) - F32(2.0) * F32(np.int32(negative)))
 
 
 @numba.njit(inline="always")
-def _group_levels(word, s, bits, lanes, signed, levels, at):  # pragma: no cover - compiled
-    """The signed levels signed[code | negative << bits] of the first `lanes` codes of a
-    group (packed `word`, sign byte `s`) into levels[at:]; the largest code."""
-    top = U64(0)
-    mask = U64((1 << bits) - 1)
-    for lane in range(lanes):
-        code = (word >> U64(bits * lane)) & mask
-        top = max(top, code)
-        levels[at + lane] = signed[code | (((s >> U64(lane)) & U64(1)) << U64(bits))]
-    return top
-
-
-@numba.njit(inline="always")
-def _dither_levels(signs, codes, signed, g0, m, bits, levels):  # pragma: no cover - compiled
-    """The m signed levels of the block of packed groups starting at group g0, into
-    `levels`; the largest code. Whole groups unpack 8 constant lanes (vectorised)."""
-    top = U64(0)
-    for g in range(m // 8):
-        word = U64(0)
-        for b in range(bits):
-            word |= U64(codes[(g0 + g) * bits + b]) << U64(8 * b)
-        top = max(top, _group_levels(word, U64(signs[g0 + g]), bits, 8, signed, levels, 8 * g))
-    if m % 8:  # the tensor's last, partial group
-        g = m // 8
-        top = max(top, _group_levels(_group_word(codes, g0 + g, bits), U64(signs[g0 + g]), bits,
-                                     m % 8, signed, levels, 8 * g))
-    return top
+def _add_values(block, codes, negative, levels, natural, scale, first):  # pragma: no cover
+    """block = (the signed code values) * scale for the first rank, block += for the others
+    (one pass, vectorised)."""
+    if first:
+        for j in range(block.size):
+            block[j] = _code_value(codes[j], negative[j], levels, natural) * scale
+    else:
+        for j in range(block.size):
+            block[j] += _code_value(codes[j], negative[j], levels, natural) * scale
 
 
 @numba.njit(cache=True, nogil=True)
-def _dither_sum(signs, codes, norms, signed, bucket, width, out, lo,
+def _dither_sum(signs, codes, scales, levels, natural, bucket, width, out, lo,
                 hi):  # pragma: no cover - compiled
-    """out[lo:hi] = the sum over ranks of the signed levels times their bucket norms, a
-    block at a time. `width` is a tuple of `bits` items, so bits = len(width) is a constant
-    of each compiled kernel and the unpacking of a group of 8 codes vectorises."""
+    """out[lo:hi] = the sum over ranks of the signed code values times their bucket's
+    scale, a block at a time: the planes are unpacked to a byte per element, then the values
+    are formed and accumulated in one vectorised loop per bucket segment. `width` is a tuple
+    of `bits` items, so bits = len(width) is a constant of each compiled kernel."""
     bits = len(width)
-    top = U64(0)
-    levels = np.empty(_BLOCK, dtype=np.float32)
+    top = U8(0)
+    negative = np.zeros(_BLOCK, dtype=np.uint8)
+    unpacked = np.zeros(_BLOCK, dtype=np.uint8)
     for b0 in range(lo, hi, _BLOCK):
         m = min(_BLOCK, hi - b0)
+        g0, groups = b0 // 8, (m + 7) // 8
         for r in range(len(codes)):
-            top = max(top, _dither_levels(signs[r], codes[r], signed, b0 // 8, m, bits, levels))
+            _unpack_codes(signs[r][g0:g0 + groups], 1, negative)
+            if bits == 8:
+                plane = codes[r][b0:b0 + m]
+            else:
+                _unpack_codes(codes[r][g0 * bits:(g0 + groups) * bits], bits, unpacked)
+                plane = unpacked[:m]
+            top = max(top, _largest(plane))
             k = 0
-            while k < m:  # segments of one bucket: a constant norm
+            while k < m:  # segments of one bucket: a constant scale
                 index = (b0 + k) // bucket
                 end = min(m, (index + 1) * bucket - b0)
-                _accumulate(out[b0 + k:b0 + end], levels[k:end], norms[r][index], r == 0)
+                _add_values(out[b0 + k:b0 + end], plane[k:end], negative[k:end], levels,
+                            natural, scales[r][index], r == 0)
                 k = end
     return top
 
 
 def dither_sum(signs: tuple[np.ndarray, ...], codes: tuple[np.ndarray, ...],
-               norms: tuple[np.ndarray, ...], table: np.ndarray, bucket: int, n: int,
+               scales: tuple[np.ndarray, ...], levels: int, natural: bool, bucket: int, n: int,
                bits: int) -> tuple[np.ndarray, int]:
-    """(float32 sum over ranks, in rank order, of the values of the dithering planes (`bits`
-    <= 8), largest level code), with `table[c]` the level of code c (codes past the table
-    decode to 0 and are reported through the largest code, which the caller rejects). One
-    rank: the decoded values."""
+    """(float32 sum over ranks, in rank order, of the dithering planes' values (`bits` <= 8),
+    largest level code). A code c decodes to +-c (standard levels) or +-2^(c - levels)
+    (natural levels; 0 for c = 0) times its bucket's entry of `scales[r]`; codes above
+    `levels` are reported through the largest code, which the caller rejects. One rank: the
+    decoded values."""
     out = np.empty(n, dtype=np.float32)
     if n == 0:
         return out, 0
-    magnitudes = np.zeros(1 << bits, dtype=np.float32)
-    magnitudes[:min(table.size, 1 << bits)] = table[:1 << bits]
-    signed = np.concatenate([magnitudes, -magnitudes])  # index: code | negative << bits
     tops = _split(n, _dither_sum, lambda lo, hi: (
-        signs, codes, norms, signed, bucket, (0,) * bits, out, lo, hi))
+        signs, codes, scales, levels, natural, bucket, (0,) * bits, out, lo, hi))
     return out, int(max(tops))
 
 

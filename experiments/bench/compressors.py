@@ -43,7 +43,7 @@ from grace.config import instantiate
 from gracecomm.compressors.shared.estimation import ThresholdSparsifier
 from grace.metrics import Metrics
 from grace.registry import COMPRESSORS
-from grace.timing import best_of
+from grace.timing import best_of, best_of_each
 from grace.validation import ConfigError, num_kept
 from grace.wire import payload_nbytes
 from gracecomm.experiments.bench import PeakMemory, Record, suite
@@ -212,8 +212,8 @@ def receive(compressor: Any, tensor: torch.Tensor, repeats: int, ranks: int) -> 
         return math.nan
     calls = [compressor.compress(tensor, "bench") for _ in range(ranks)]
     payloads, ctx = [payload for payload, _ in calls], calls[-1][1]
-    one = best_of(lambda: compressor.aggregate(payloads[:1], ctx), repeats)
-    many = best_of(lambda: compressor.aggregate(payloads, ctx), repeats)
+    one, many = best_of_each([lambda: compressor.aggregate(payloads[:1], ctx),
+                              lambda: compressor.aggregate(payloads, ctx)], repeats)
     compressor.metrics.pop()
     return max(0.0, many - one) / (ranks - 1)
 
