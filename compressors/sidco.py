@@ -400,7 +400,9 @@ class SIDCo(ThresholdSparsifier):
         of the previous threshold: once fewer than 1/16 (`COMPACT_BELOW`) of a large tensor's
         elements exceed it, they are collected (positions and values, one pass) and the
         remaining stages and the final selection read only them, instead of a pass over the
-        whole tensor each (heavy tails take 8-10 stages at density 0.001)."""
+        whole tensor each (heavy tails take 8-10 stages at density 0.001). When the density
+        the threshold was fitted to keep is that small already, the collection replaces the
+        stage's pass over the tensor (its sums are taken over the pool)."""
         d = x.numel()
         n = first.count if self.exclude_zeros else d
         density = min(1.0, self.ratio * d / n)  # G4: delta' over the nonzeros
@@ -415,7 +417,11 @@ class SIDCo(ThresholdSparsifier):
             return eta, 1, None, None
         rho = (density / delta1) ** (1.0 / (stages - 1))
         used, work, pool = 1, x, None
+        aim = delta1  # the density the current threshold was fitted to keep
         for m in range(2, stages + 1):
+            if pool is None and self.pools(d, aim * n):  # collect first, sum the pool
+                pool = select_values(x, eta, self.backend, round(aim * n))
+                work = pool[1]
             exceed = moments(work, eta, self.backend)
             if exceed.count <= k:  # G5/G6: keep eta
                 break
@@ -424,15 +430,21 @@ class SIDCo(ThresholdSparsifier):
                 idx = top_k_of(x, idx, k, self.backend)
                 kth = float(x.index_select(0, idx).abs().min())
                 return kth, m, Selection(idx, kth, m, fallback="exact"), None
-            if pool is None and m < stages and d >= COMPACT_FROM \
-                    and exceed.count * COMPACT_BELOW <= d:
+            if pool is None and m < stages and self.pools(d, exceed.count):
                 pool = select_values(x, eta, self.backend, exceed.count)
                 work = pool[1]
             if self.stage_ratio == "count_corrected":
                 rho = min(1.0, (k / exceed.count) ** (1.0 / (stages - m + 1)))
             eta = rounded(eta + self.tail_threshold(self.later_model, exceed, rho), x.dtype)
-            used = m
+            used, aim = m, aim * rho
         return eta, used, None, pool
+
+    @staticmethod
+    def pools(d: int, count: float) -> bool:
+        """Whether the later stages of a tensor of d elements run on the pool of `count`
+        exceedances: a large tensor (`COMPACT_FROM`) of which at most 1/`COMPACT_BELOW`
+        exceed."""
+        return d >= COMPACT_FROM and count * COMPACT_BELOW <= d
 
     def first_threshold(self, x: torch.Tensor, m: Moments, rho: float) -> float | None:
         """Stage 1: the first model fitted to all (nonzero) magnitudes; None when the gamma

@@ -38,6 +38,7 @@ Both give the same counts and indices; the sums agree to float64 rounding.
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,11 +216,8 @@ def _collect(x: torch.Tensor, thr: float, expected: int | None
     d, lay, kernels = x.numel(), layout(x), _kernels()
     guess = d if expected is None else max(0, int(expected))
     cap = min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)
-    # numpy allocates the buffers: large ones on huge pages, where a fresh buffer that numba
-    # allocated faults every 4 KiB (a quarter of x selected cost 27 reads of x, not 3)
     chunks, keys, parallel = -(-d // CHUNK), _key_view(x), threads(x)
-    offsets = np.empty(chunks * (cap + kernels.STRIDE), np.int32)
-    raw = np.empty(offsets.size, keys.dtype)
+    offsets, raw = _staging(chunks * (cap + kernels.STRIDE), keys.dtype)
     counts, written = np.zeros(chunks, np.int64), np.zeros(chunks, np.int64)
     span = lay.inf - lo
     kernels.fill(keys, lay.mask, lay.top, lo, span, offsets, raw, counts, written, parallel)
@@ -228,6 +226,26 @@ def _collect(x: torch.Tensor, thr: float, expected: int | None
     kernels.place(keys, lay.mask, lay.top, lo, span, offsets, raw, counts, written, positions,
                   values, parallel)
     return torch.from_numpy(positions), torch.from_numpy(values).view(x.dtype)
+
+
+STAGING_KEPT = 1 << 25  # bytes of `_collect`'s staging buffers each thread keeps between calls
+_STAGING = threading.local()
+
+
+def _staging(size: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """`collect`'s per-chunk buffers (int32 offsets and raw elements, `size` each): the calling
+    thread's, reused from call to call up to `STAGING_KEPT` bytes, else fresh. Numba would
+    fill a buffer it allocates itself on allocation and again on release (a quarter of a
+    tensor selected cost 27 reads of it), and a fresh numpy buffer faults its pages in (a
+    selection of a few percent of a tensor cost about twice what it does on reused buffers)."""
+    if size * (4 + np.dtype(dtype).itemsize) > STAGING_KEPT:
+        return np.empty(size, np.int32), np.empty(size, dtype)
+    kept = getattr(_STAGING, "buffers", {})
+    offsets, raw = kept.get(np.dtype(dtype), (np.empty(0, np.int32), None))
+    if offsets.size < size:
+        offsets, raw = np.empty(size, np.int32), np.empty(size, dtype)
+        _STAGING.buffers = {**kept, np.dtype(dtype): (offsets, raw)}
+    return offsets[:size], raw[:size]
 
 
 def count_infinite(x: torch.Tensor) -> int:
