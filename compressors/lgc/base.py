@@ -218,7 +218,8 @@ class LGC(Compressor):
         stream = None
         if self.rank == leader:
             indices = plan.topk(tensors)
-            stream = plan.encode_indices(indices, self.delta, self.zlib_level)
+            with self.metrics.timer("deflate_s"):
+                stream = plan.encode_indices(indices, self.delta, self.zlib_level)
             self.log_bytes("index", stream)
         if self.comm is None:
             return indices, stream.numel()

@@ -136,7 +136,8 @@ class LGCPS(LGC):
             broadcast: dict[str, Any] = {"indices": indices, "index_bytes": index_bytes}
         else:
             indices = plan.topk(tensors)
-            idx = plan.encode_indices(indices, self.delta, self.zlib_level)
+            with self.metrics.timer("deflate_s"):
+                idx = plan.encode_indices(indices, self.delta, self.zlib_level)
             index_bytes, broadcast = idx.numel(), {}
         topk_m, values_l = plan.values(tensors, indices)
         dense = plan.dense_part(tensors)
@@ -152,9 +153,10 @@ class LGCPS(LGC):
             if self.rank == self.leader and plan.mu:
                 with torch.no_grad(), self.metrics.timer("ae_s"):
                     latent = self.encode((topk_m / scale).unsqueeze(0), plan).reshape(-1)
+            with self.metrics.timer("deflate_s"):
+                stream = plan.encode_positions(positions, self.delta, self.zlib_level)
             payload = (dense, latent, topk_m[positions], values_l,
-                       scale.reshape(1).to(topk_m.dtype), idx,
-                       plan.encode_positions(positions, self.delta, self.zlib_level))
+                       scale.reshape(1).to(topk_m.dtype), idx, stream)
         self.log_parts(PARTS[phase], payload)
         return plan.views(tensors, indices), payload, ctx
 
