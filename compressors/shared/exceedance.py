@@ -234,10 +234,10 @@ _STAGING = threading.local()
 
 def _staging(size: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """`collect`'s per-chunk buffers (int32 offsets and raw elements, `size` each): the calling
-    thread's, reused from call to call up to `STAGING_KEPT` bytes, else fresh. Numba would
-    fill a buffer it allocates itself on allocation and again on release (a quarter of a
-    tensor selected cost 27 reads of it), and a fresh numpy buffer faults its pages in (a
-    selection of a few percent of a tensor cost about twice what it does on reused buffers)."""
+    thread's, reused from call to call up to `STAGING_KEPT` bytes, else fresh from numpy.
+    Buffers the kernel allocated itself made a selection of a quarter of a tensor cost 27
+    reads of it (8 with numpy's), and fresh buffers page-fault: a selection of a few percent
+    cost about twice what it does on reused ones."""
     if size * (4 + np.dtype(dtype).itemsize) > STAGING_KEPT:
         return np.empty(size, np.int32), np.empty(size, dtype)
     kept = getattr(_STAGING, "buffers", {})
