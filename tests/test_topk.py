@@ -113,6 +113,35 @@ def test_select_backends_agree_in_every_dtype(dtype):
             assert torch.equal(numba_idx, torch_idx), (dtype, thr, expected)
 
 
+@pytest.mark.skipif("numba" not in BACKENDS, reason="numba not installed")
+def test_selections_from_two_threads_at_once():
+    """Two threads selecting at once, split over torch's threads (parallel launches take
+    turns; numba's workqueue layer aborts the process otherwise) and each on its own staging
+    buffers reused from call to call: every selection, of any size and dtype, is what the
+    torch backend gives, and stays intact after later calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        out = []
+        for i, (d, dtype) in enumerate([(300_001, torch.float32), (70_000, torch.float64),
+                                        (500_000, torch.float32), (1_000, torch.float16)]):
+            x = tensor("normal", d, dtype, seed + i)
+            out.append((x, *exceedance.select_values(x, 1.0 + seed / 10, "numba", 10)))
+        return out
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # parallel launches (tensors over one chunk)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            results = [r for part in pool.map(run, range(4)) for r in part]
+    finally:
+        torch.set_num_threads(before)
+    for (x, positions, values), seed in zip(results, [s for s in range(4) for _ in range(4)]):
+        expected = exceedance.select(x, 1.0 + seed / 10, "torch")
+        assert torch.equal(positions, expected)
+        assert torch.equal(values, x.index_select(0, expected))
+
+
 def test_compressors_inherit_the_exact_pick():
     x = tensor("normal", 300_000, torch.float32, 9)
     k = 300

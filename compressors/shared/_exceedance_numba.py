@@ -13,7 +13,8 @@ the pass costs about one read of the tensor at any hit density.
 Unless the user chose a threading layer (NUMBA_THREADING_LAYER), the kernels use numba's
 ``workqueue`` layer: OpenMP worker threads keep spinning after each parallel region and, next
 to torch's own pool on a few cores, slowed the surrounding work by up to 10x. It must not be
-called from several Python threads at once; choose ``omp`` or ``tbb`` for that.
+entered from several Python threads at once: the callers in
+`gracecomm.compressors.shared.exceedance` launch parallel kernels under one lock (`threads`).
 """
 
 import math

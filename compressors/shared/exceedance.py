@@ -37,8 +37,10 @@ Both give the same counts and indices; the sums agree to float64 rounding.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,14 +128,23 @@ def below(value: float, dtype: torch.dtype) -> float:
     return float(np.nextafter(np_type(value), np_type(-np.inf)))
 
 
-def threads(x: torch.Tensor) -> bool:
+_LAUNCH = threading.Lock()  # one parallel launch of the numba kernels at a time
+
+
+@contextlib.contextmanager
+def threads(x: torch.Tensor) -> Iterator[bool]:
     """Whether the numba kernels split `x` over threads: more than one chunk and more than
     one torch thread (one thread runs the chunks in the calling thread: a parallel launch
-    costs hundreds of microseconds on a busy machine)."""
+    costs hundreds of microseconds on a busy machine). While they do, the block holds the
+    process's launch lock: numba's workqueue layer aborts the process when two Python
+    threads launch parallel kernels at once (the exchange thread of `grace.exchange` runs
+    later rounds beside the training thread)."""
     if x.numel() <= CHUNK or torch.get_num_threads() == 1:
-        return False
-    _kernels().use_torch_threads()
-    return True
+        yield False
+        return
+    with _LAUNCH:
+        _kernels().use_torch_threads()
+        yield True
 
 
 def moments(x: torch.Tensor, lo: float, backend: str = "auto") -> Moments:
@@ -141,7 +152,8 @@ def moments(x: torch.Tensor, lo: float, backend: str = "auto") -> Moments:
     (NaN counts as an exceedance so that it reaches the sums)."""
     lo = rounded(lo, x.dtype)
     if use_numba(backend, x):
-        count, s1, s2 = _kernels().moments(x.numpy(), lo, threads(x))
+        with threads(x) as parallel:
+            count, s1, s2 = _kernels().moments(x.numpy(), lo, parallel)
         return Moments(int(count), float(s1), float(s2))
     a = x.abs()
     excess = a[~(a <= lo)].double() - lo
@@ -216,15 +228,17 @@ def _collect(x: torch.Tensor, thr: float, expected: int | None
     d, lay, kernels = x.numel(), layout(x), _kernels()
     guess = d if expected is None else max(0, int(expected))
     cap = min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)
-    chunks, keys, parallel = -(-d // CHUNK), _key_view(x), threads(x)
+    chunks, keys = -(-d // CHUNK), _key_view(x)
     offsets, raw = _staging(chunks * (cap + kernels.STRIDE), keys.dtype)
     counts, written = np.zeros(chunks, np.int64), np.zeros(chunks, np.int64)
     span = lay.inf - lo
-    kernels.fill(keys, lay.mask, lay.top, lo, span, offsets, raw, counts, written, parallel)
-    positions, values = np.empty(int(counts.sum()), np.int64), np.empty(int(counts.sum()),
-                                                                        keys.dtype)
-    kernels.place(keys, lay.mask, lay.top, lo, span, offsets, raw, counts, written, positions,
-                  values, parallel)
+    with threads(x) as parallel:
+        kernels.fill(keys, lay.mask, lay.top, lo, span, offsets, raw, counts, written,
+                     parallel)
+        total = int(counts.sum())
+        positions, values = np.empty(total, np.int64), np.empty(total, keys.dtype)
+        kernels.place(keys, lay.mask, lay.top, lo, span, offsets, raw, counts, written,
+                      positions, values, parallel)
     return torch.from_numpy(positions), torch.from_numpy(values).view(x.dtype)
 
 
@@ -280,8 +294,9 @@ def top_k(x: torch.Tensor, k: int, backend: str = "auto") -> tuple[torch.Tensor,
         return torch.empty(0, dtype=torch.int64, device=x.device), x[:0]
     lay = layout(x)
     if use_numba_top_k(backend, x):
-        positions, raw = _kernels().top_k(_key_view(x), k, lay.mask, lay.top,
-                                          sample_size(k, d), threads(x))
+        with threads(x) as parallel:
+            positions, raw = _kernels().top_k(_key_view(x), k, lay.mask, lay.top,
+                                              sample_size(k, d), parallel)
         return torch.from_numpy(positions), torch.from_numpy(raw).view(x.dtype)
     indices = _keep(magnitude_keys(x), k).nonzero().view(-1)
     return indices, x.index_select(0, indices)
