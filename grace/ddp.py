@@ -134,13 +134,16 @@ class GradientExchange:
         self.scale = 1.0 if self.scaler is None else float(self.scaler.get_scale())
 
     def write(self, grads: Sequence[torch.Tensor], means: Sequence[torch.Tensor]) -> None:
-        """Store each mean (times the scale) as its gradient, in one call for all."""
+        """Store each mean (times the scale) as its gradient: one pass each, and without a
+        scale one call for all."""
+        if self.scale != 1.0:
+            for grad, mean in zip(grads, means):
+                torch.mul(mean.view_as(grad), self.scale, out=grad)
+            return
         pairs = [(g, m.view_as(g)) for g, m in zip(grads, means)
                  if g.data_ptr() != m.data_ptr()]
         if pairs:
             torch._foreach_copy_(*map(list, zip(*pairs)))
-        if self.scale != 1.0:
-            torch._foreach_mul_(list(grads), self.scale)
 
     def step(self) -> None:
         """A custom loop's exchange: after backward, replace every gradient by the mean over

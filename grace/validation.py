@@ -104,17 +104,16 @@ def check_tensor(tensor: Any, name: str) -> None:
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
-    """Whether `tensor` holds no NaN or Inf. Its sum decides in the usual case, since a NaN
-    or Inf makes the sum non-finite (one read, where ``isfinite().all()`` costs about 40 on
-    the CPU); only a non-finite sum, which finite values can reach by overflowing, has its
-    elements checked."""
-    return (not tensor.numel() or math.isfinite(float(tensor.sum(dtype=torch.float32)))
-            or bool(torch.isfinite(tensor).all()))
+    """Whether `tensor` holds no NaN or Inf (`nonfinite_among`)."""
+    return not nonfinite_among([tensor])
 
 
 def nonfinite_among(tensors: Sequence[torch.Tensor]) -> list[int]:
-    """The positions of the `tensors` that hold NaN or Inf: `all_finite` for each, with one
-    host synchronisation for all of them in the usual case."""
+    """The positions of the `tensors` that hold NaN or Inf. Their sums decide in the usual
+    case, since a NaN or Inf makes a sum non-finite (one read each, where
+    ``isfinite().all()`` costs about 40 on the CPU, and one host synchronisation for all);
+    only a tensor whose sum is not finite, which finite values can reach by overflowing, has
+    its elements checked."""
     if not tensors:
         return []
     sums = torch.stack([t.sum(dtype=torch.float32) for t in tensors])
