@@ -10,7 +10,8 @@ import grace
 from grace import registry
 from grace.compressor import TensorInfo
 from grace.rng import SharedStreams, stable_hash
-from grace.sparse import desparsify, sparse_mean
+from grace import sparse
+from grace.sparse import dense_empty, dense_zeros, desparsify, sparse_mean
 from grace.validation import ConfigError, NonFiniteError, PayloadError, num_kept
 
 CORE = ["none", "fp16", "bf16", "topk", "randomk", "threshold"]
@@ -185,6 +186,38 @@ def test_sparse_payload_validation():
         sparse_mean([(torch.ones(2), torch.tensor([0], dtype=torch.int32))], info)
     with pytest.raises(PayloadError, match="int32 or int64"):
         desparsify(torch.ones(1), torch.tensor([0.0]), info)
+
+
+def test_output_buffers_are_lent_again_only_once_every_tensor_on_them_is_gone(monkeypatch):
+    monkeypatch.setattr(sparse, "_RECYCLER", sparse._Recycler())
+    n = sparse.HUGE_PAGE_MIN // 4
+    out = dense_zeros(n, torch.float32, "cpu")
+    tail = out[n // 2:]  # a view keeps the buffer lent after `out` is dropped
+    address = out.data_ptr()
+    del out
+    tail.fill_(7.0)
+    again = dense_zeros(n, torch.float32, "cpu")
+    assert again.data_ptr() != address and not again.any() and (tail == 7.0).all()
+    del tail
+    recycled = dense_zeros(n, torch.float32, "cpu")
+    assert recycled.data_ptr() == address and not recycled.any()  # zeroed again
+    recycled.fill_(3.0)
+    del recycled
+    raw = dense_empty(n, torch.float32, "cpu")
+    assert raw.data_ptr() == address and (raw == 3.0).all()  # dense_empty does not clear
+
+
+def test_recycled_buffers_are_kept_up_to_the_cap(monkeypatch):
+    recycler = sparse._Recycler()
+    monkeypatch.setattr(sparse, "_RECYCLER", recycler)
+    monkeypatch.setattr(sparse, "RECYCLED_KEPT", 3 * sparse.HUGE_PAGE_MIN)
+    n = sparse.HUGE_PAGE_MIN // 4
+    outs = [dense_empty(n, torch.float32, "cpu") for _ in range(4)]
+    small = dense_empty(10, torch.float32, "cpu")  # below HUGE_PAGE_MIN: torch's own
+    del outs, small
+    again = dense_empty(n, torch.float32, "cpu")
+    assert recycler.kept == 2 * sparse.HUGE_PAGE_MIN and not recycler.returned
+    assert again.numel() == n
 
 
 def test_shared_streams_are_stable():
