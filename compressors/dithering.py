@@ -31,6 +31,7 @@ import torch
 
 from grace.compressor import Compressor, Payload, PayloadSpec, TensorInfo
 from grace.registry import COMPRESSORS
+from grace.sparse import dense_empty
 from gracecomm.compressors.shared.stochastic import (FLOAT_BITS, RandomStreams, check_rng, natural_round,
                               natural_round_bits, random_bits, second_key, uniform, use_kernels)
 from grace.validation import (ConfigError, PayloadError, check_choice, check_range, expect_payload,
@@ -199,12 +200,12 @@ class Dithering(Compressor):
         if self._fused(payloads[0]):
             from gracecomm.compressors.shared.kernels import dither_sum
 
-            values, top = dither_sum(tuple(p[1].numpy() for p in payloads),
-                                     tuple(p[2].numpy() for p in payloads),
-                                     tuple(self.code_scales(p[0]).numpy() for p in payloads),
-                                     self.levels, self.natural_levels, size, n, self.code_bits)
-            self._check_codes(top)
-            return torch.from_numpy(values).to(ctx.dtype).view(ctx.shape)
+            values = dense_empty(n, torch.float32, "cpu")
+            self._check_codes(dither_sum(
+                tuple(p[1].numpy() for p in payloads), tuple(p[2].numpy() for p in payloads),
+                tuple(self.code_scales(p[0]).numpy() for p in payloads), self.levels,
+                self.natural_levels, size, values.numpy(), self.code_bits))
+            return values.to(ctx.dtype).view(ctx.shape)
         (norms, signs, packed), = payloads
         codes = unpack_uint(packed, self.code_bits, n, dtype=self.code_dtype)
         self._check_codes(int(codes.max()))

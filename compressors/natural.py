@@ -48,6 +48,7 @@ import torch
 
 from grace.compressor import Capabilities, Compressor, Payload, PayloadSpec, TensorInfo
 from grace.registry import COMPRESSORS
+from grace.sparse import dense_empty
 from gracecomm.compressors.shared.stochastic import (FLOAT_BITS, RandomStreams, check_rng, kernels_enabled,
                               natural_round_bits, random_bits, second_key, use_kernels)
 from grace.validation import (ConfigError, PayloadError, all_finite, check_choice,
@@ -298,9 +299,9 @@ def sum_nat9(planes: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tenso
     if kernels_enabled(planes[0][0].device):
         from gracecomm.compressors.shared.kernels import nat9_sum
 
-        values, top = nat9_sum(tuple(e.contiguous().numpy() for e, _ in planes),
-                               tuple(s.contiguous().numpy() for _, s in planes), n)
-        total = torch.from_numpy(values)
+        total = dense_empty(n, torch.float32, "cpu")
+        top = nat9_sum(tuple(e.contiguous().numpy() for e, _ in planes),
+                       tuple(s.contiguous().numpy() for _, s in planes), total.numpy())
     else:
         total, top = None, 0
         for exps, signs in planes:

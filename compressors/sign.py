@@ -28,6 +28,7 @@ import torch
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.needs import Need
 from grace.registry import COMPRESSORS
+from grace.sparse import dense_empty
 from gracecomm.compressors.shared.stochastic import kernels_enabled, use_kernels
 from grace.validation import PayloadError, check_range, expect_payload, wire_float32
 from grace.wire import pack_bits, packed_nbytes, unpack_bits
@@ -89,10 +90,10 @@ class SignCompressor(Compressor):
         if ctx.dtype == torch.float32 and kernels_enabled(payloads[0][0].device):
             from gracecomm.compressors.shared.kernels import signs_sum
 
-            return torch.from_numpy(signs_sum(tuple(p[0].numpy() for p in payloads),
-                                              lows.contiguous().numpy(),
-                                              highs.contiguous().numpy(),
-                                              ctx.numel)).view(ctx.shape)
+            out = dense_empty(ctx.numel, torch.float32, "cpu")
+            signs_sum(tuple(p[0].numpy() for p in payloads), lows.contiguous().numpy(),
+                      highs.contiguous().numpy(), out.numpy())
+            return out.view(ctx.shape)
         total = None
         for payload, low, high in zip(payloads, lows.tolist(), highs.tolist()):
             out = torch.where(unpack_bits(payload[0], ctx.numel), low, high).to(ctx.dtype)

@@ -205,13 +205,12 @@ def _signs_sum(signs, lows, highs, out, lo, hi):  # pragma: no cover - compiled
 
 
 def signs_sum(signs: tuple[np.ndarray, ...], lows: np.ndarray, highs: np.ndarray,
-              n: int) -> np.ndarray:
-    """float32 array of n values: the sum over ranks, in rank order, of `lows[r]` where rank
-    r's sign plane has the bit set, else `highs[r]` (one rank: the decoded plane)."""
-    out = np.empty(n, dtype=np.float32)
+              out: np.ndarray) -> None:
+    """Write into the float32 array `out` the sum over ranks, in rank order, of `lows[r]`
+    where rank r's sign plane has the bit set, else `highs[r]` (one rank: the decoded
+    plane)."""
     lows, highs = lows.astype(np.float32), highs.astype(np.float32)
-    _split(n, _signs_sum, lambda lo, hi: (signs, lows, highs, out, lo, hi))
-    return out
+    _split(out.size, _signs_sum, lambda lo, hi: (signs, lows, highs, out, lo, hi))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -333,15 +332,13 @@ def _nat9_sum(exps, signs, out, lo, hi):  # pragma: no cover - compiled
 
 
 def nat9_sum(exps: tuple[np.ndarray, ...], signs: tuple[np.ndarray, ...],
-             n: int) -> tuple[np.ndarray, int]:
-    """(float32 sum over ranks, in rank order, of the values (sign << 31) | (exponent << 23)
-    of the nat9 planes, largest exponent byte); 255 is a reserved code the caller rejects.
-    One rank: the decoded values."""
-    out = np.empty(n, dtype=np.float32)
-    if n == 0:
-        return out, 0
-    tops = _split(n, _nat9_sum, lambda lo, hi: (exps, signs, out, lo, hi))
-    return out, int(max(tops))
+             out: np.ndarray) -> int:
+    """Write into the float32 array `out` the sum over ranks, in rank order, of the values
+    (sign << 31) | (exponent << 23) of the nat9 planes (one rank: the decoded values);
+    returns the largest exponent byte (255 is a reserved code the caller rejects)."""
+    if out.size == 0:
+        return 0
+    return int(max(_split(out.size, _nat9_sum, lambda lo, hi: (exps, signs, out, lo, hi))))
 
 
 # -- dithering ----------------------------------------------------------------------------
@@ -468,19 +465,17 @@ def _dither_sum(signs, codes, scales, levels, natural, bucket, width, out, lo,
 
 
 def dither_sum(signs: tuple[np.ndarray, ...], codes: tuple[np.ndarray, ...],
-               scales: tuple[np.ndarray, ...], levels: int, natural: bool, bucket: int, n: int,
-               bits: int) -> tuple[np.ndarray, int]:
-    """(float32 sum over ranks, in rank order, of the dithering planes' values (`bits` <= 8),
-    largest level code). A code c decodes to +-c (standard levels) or +-2^(c - levels)
+               scales: tuple[np.ndarray, ...], levels: int, natural: bool, bucket: int,
+               out: np.ndarray, bits: int) -> int:
+    """Write into the float32 array `out` the sum over ranks, in rank order, of the
+    dithering planes' values (`bits` <= 8; one rank: the decoded values); returns the
+    largest level code. A code c decodes to +-c (standard levels) or +-2^(c - levels)
     (natural levels; 0 for c = 0) times its bucket's entry of `scales[r]`; codes above
-    `levels` are reported through the largest code, which the caller rejects. One rank: the
-    decoded values."""
-    out = np.empty(n, dtype=np.float32)
-    if n == 0:
-        return out, 0
-    tops = _split(n, _dither_sum, lambda lo, hi: (
-        signs, codes, scales, levels, natural, bucket, (0,) * bits, out, lo, hi))
-    return out, int(max(tops))
+    `levels` are reported through the largest code, which the caller rejects."""
+    if out.size == 0:
+        return 0
+    return int(max(_split(out.size, _dither_sum, lambda lo, hi: (
+        signs, codes, scales, levels, natural, bucket, (0,) * bits, out, lo, hi))))
 
 
 # -- shared-seed random subsets -----------------------------------------------------------
