@@ -92,3 +92,16 @@ def test_reserved_codes_are_refused_when_adding(kernels, monkeypatch):
     with pytest.raises(PayloadError, match="codes above"):
         dithering.aggregate([(norms, signs, codes), (norms, signs, torch.full_like(codes, 255))],
                             ctx)
+
+
+@pytest.mark.parametrize("levels", [1, 3, 7, 15, 31, 63, 127, 255])  # level codes of 1..8 bits
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 511, 4096 + 77])
+def test_every_code_width_decodes_as_torch_does(levels, n, monkeypatch):
+    """Runs of 8 packed groups are spread by a vector shuffle, the rest group by group."""
+    compressor = bound(COMPRESSORS.get("standard_dithering")(levels=levels))
+    payload, ctx = compressor.compress(gaussian(n), "t")
+    decoded = {}
+    for kernels in (True, False):
+        monkeypatch.setattr(stochastic, "KERNELS", kernels)
+        decoded[kernels] = compressor.decompress(payload, ctx)
+    assert torch.equal(decoded[True], decoded[False])

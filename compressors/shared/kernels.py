@@ -41,11 +41,14 @@ from numba.core import types
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
+from gracecomm.compressors.shared.simd import data_pointer
 from gracecomm.compressors.shared.stochastic import FLOAT_BITS
 
 U32, U64, U8, F32 = np.uint32, np.uint64, np.uint8, np.float32
 PARALLEL_MIN = 1 << 20
-_BLOCK = 4096  # elements per block (stays in cache): a multiple of 8, whole packed groups
+_BLOCK = 1 << 16  # elements per block, a multiple of 8 (whole packed groups); a block's float32
+# sum (256 KiB) stays in L2 while every rank's planes are added to it: blocks of 4096 made the
+# receiving side 20-40% slower (docs/quantizers.md)
 # _SPREAD[byte]: its 8 bits as the 8 bytes of a little-endian uint64, bit j in byte j
 _SPREAD = np.array([sum(((b >> j) & 1) << (8 * j) for j in range(8)) for b in range(256)],
                    dtype=np.uint64)
@@ -266,6 +269,66 @@ def _unpack_codes(plane, bits, out):  # pragma: no cover - compiled
         words[whole] = _spread(w, bits)
 
 
+def _loaded(bits: int) -> int:
+    """Bytes `_spread_groups` loads for 8 groups of `bits`-bit codes: 8 * bits rounded up to a
+    power of two (a whole vector register; other widths compiled to slow shuffles)."""
+    return 1 << (8 * bits - 1).bit_length()
+
+
+@intrinsic
+def _spread_groups(typingctx, plane, start, width, out, at):  # pragma: no cover - compiled
+    """`_spread` of 8 groups at once: the 8 * bits bytes of plane[start:] (bits =
+    len(width), 1..7; `_loaded(bits)` bytes are read) placed a group per 64-bit lane by one
+    byte shuffle, then the three halving steps on the vector; the 64 codes are stored at
+    out[at:at + 64]."""
+    sig = types.void(plane, start, width, out, at)
+
+    def codegen(context, builder, signature, args):
+        plane_v, start_v, _, out_v, at_v = args
+        bits = signature.args[2].count
+        i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+        size = _loaded(bits)
+        packed = ir.VectorType(i8, size)
+        source = data_pointer(context, builder, signature.args[0], plane_v, start_v)
+        loaded = builder.load(builder.bitcast(source, packed.as_pointer()), align=1)
+        order = [j * bits + b if b < bits else size for j in range(8) for b in range(8)]
+        lanes = builder.shuffle_vector(loaded, ir.Constant(packed, [0] * size),
+                                       ir.Constant(ir.VectorType(i32, 64), order))
+        w = builder.bitcast(lanes, ir.VectorType(i64, 8))
+
+        def step(w, down, up, keep):  # (w & keep) | (((w >> down) & keep) << up)
+            def lanes_of(value):
+                return ir.Constant(w.type, [value] * 8)
+            moved = builder.and_(builder.lshr(w, lanes_of(down)), lanes_of(keep))
+            return builder.or_(builder.and_(w, lanes_of(keep)),
+                               builder.shl(moved, lanes_of(up)))
+
+        w = step(w, 4 * bits, 32, (1 << (4 * bits)) - 1)
+        w = step(w, 2 * bits, 16, ((1 << (2 * bits)) - 1) * (1 | 1 << 32))
+        w = step(w, bits, 8, ((1 << bits) - 1) * 0x0001000100010001)
+        target = data_pointer(context, builder, signature.args[3], out_v, at_v)
+        builder.store(builder.bitcast(w, ir.VectorType(i8, 64)),
+                      builder.bitcast(target, ir.VectorType(i8, 64).as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_LOADED = tuple(_loaded(bits) if bits else 0 for bits in range(8))
+
+
+@numba.njit(inline="always")
+def _unpack_wide(plane, width, out):  # pragma: no cover - compiled
+    """`_unpack_codes` for bits = len(width) in 1..7: runs of 8 groups by `_spread_groups`
+    while its load stays inside `plane`, the rest group by group."""
+    bits = len(width)
+    size = _LOADED[bits]
+    runs = max(0, plane.size - size) // (8 * bits) + (plane.size >= size)
+    for g in range(0, 8 * runs, 8):
+        _spread_groups(plane, g * bits, width, out, g * 8)
+    _unpack_codes(plane[runs * 8 * bits:], bits, out[runs * 64:])
+
+
 @numba.njit(inline="always")
 def _largest(codes):  # pragma: no cover - compiled
     """The largest of the uint8 `codes` (0 if empty)."""
@@ -319,7 +382,7 @@ def _nat9_sum(exps, signs, out, lo, hi):  # pragma: no cover - compiled
         block = out[b0:b0 + m]
         for r in range(len(exps)):
             e = exps[r][b0:b0 + m]
-            _unpack_codes(signs[r][b0 // 8:(b0 + m + 7) // 8], 1, negative)
+            _unpack_wide(signs[r][b0 // 8:(b0 + m + 7) // 8], (0,), negative)
             top = max(top, _largest(e))
             sign = negative[:m]
             if r == 0:
@@ -412,12 +475,14 @@ def dither_encode(x: np.ndarray, scale: np.ndarray, bucket: int, units: float, n
 @numba.njit(inline="always")
 def _code_value(c, negative, levels, natural):  # pragma: no cover - compiled
     """The signed value of code `c`: +-c (standard levels) or +-2^(c - levels) and 0 for
-    c = 0 (natural levels)."""
+    c = 0 (natural levels). The sign is a multiplication: setting the sign bit with integer
+    operations made natural dithering's receiving side a fifth slower."""
     if natural:
         c = U32(c)
-        return _as_float32((((c + U32(F32_BIAS - levels)) << U32(23)) & (U32(0) - U32(c > U32(0))))
-                           | (U32(negative) << U32(31)))
-    return F32(np.int32(c)) * (F32(1.0) - F32(2.0) * F32(np.int32(negative)))
+        size = _as_float32(((c + U32(F32_BIAS - levels)) << U32(23)) & (U32(0) - U32(c > U32(0))))
+    else:
+        size = F32(np.int32(c))
+    return size * (F32(1.0) - F32(2.0) * F32(np.int32(negative)))
 
 
 @numba.njit(inline="always")
@@ -447,11 +512,11 @@ def _dither_sum(signs, codes, scales, levels, natural, bucket, width, out, lo,
         m = min(_BLOCK, hi - b0)
         g0, groups = b0 // 8, (m + 7) // 8
         for r in range(len(codes)):
-            _unpack_codes(signs[r][g0:g0 + groups], 1, negative)
+            _unpack_wide(signs[r][g0:g0 + groups], (0,), negative)
             if bits == 8:
                 plane = codes[r][b0:b0 + m]
             else:
-                _unpack_codes(codes[r][g0 * bits:(g0 + groups) * bits], bits, unpacked)
+                _unpack_wide(codes[r][g0 * bits:(g0 + groups) * bits], width, unpacked)
                 plane = unpacked[:m]
             top = max(top, _largest(plane))
             k = 0
