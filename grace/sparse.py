@@ -78,8 +78,20 @@ class _Recycler:
         weakref.finalize(lent, self.returned.append, base)
         return lent
 
+    def release(self) -> None:
+        """Drop every kept buffer (the lent ones are kept no more once dropped)."""
+        with self.lock:
+            self.returned.clear()
+            self.free, self.kept = {}, 0
+
 
 _RECYCLER = _Recycler()
+
+
+def release_recycled() -> None:
+    """Give the buffers kept for reuse back to the system (a memory measurement then
+    charges a call for fresh outputs)."""
+    _RECYCLER.release()
 
 
 def _numpy_backed(numel: int, dtype: torch.dtype, device: torch.device | str) -> bool:

@@ -262,6 +262,11 @@ def _staging(size: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     return offsets[:size], raw[:size]
 
 
+def release_staging() -> None:
+    """Drop the calling thread's kept staging buffers (see `_staging`)."""
+    _STAGING.buffers = {}
+
+
 def count_infinite(x: torch.Tensor) -> int:
     """Number of +-Inf elements of the float tensor `x` (one read; numba on CPU)."""
     lay = layout(x)
