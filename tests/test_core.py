@@ -2,6 +2,7 @@
 
 import importlib
 import math
+import threading
 
 import pytest
 import torch
@@ -251,3 +252,31 @@ def test_available_verbose_names_the_defining_module(kind):
     if kind == "compressor":
         assert index["topk"] == "gracecomm.compressors.topk"
         assert index["lgc_rar"] == "gracecomm.compressors.lgc.rar"
+
+
+def test_recycled_buffers_are_never_lent_twice_across_threads(monkeypatch):
+    """Outputs made and dropped on two threads at once (the exchange thread beside the
+    training thread): no buffer is lent while a tensor on it lives, and every one comes
+    zeroed."""
+    monkeypatch.setattr(sparse, "_RECYCLER", sparse._Recycler())
+    n = sparse.HUGE_PAGE_MIN // 4
+    failures = []
+
+    def work(mark: float) -> None:
+        held = []
+        for i in range(40):
+            out = dense_zeros(n, torch.float32, "cpu")
+            if out.any():
+                failures.append("not zeroed")
+            out[::4096] = mark
+            held.append(out)
+            if len(held) > 2:
+                old = held.pop(0)
+                if not (old[::4096] == mark).all():
+                    failures.append("overwritten while lent")
+    threads = [threading.Thread(target=work, args=(float(t + 1),)) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads) and not failures
