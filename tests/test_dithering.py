@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import gracecomm.compressors.shared.stochastic as stochastic
 from grace.validation import ConfigError, PayloadError
 from gracecomm.compressors.dithering import QSGD, NaturalDithering, StandardDithering, TernGrad
 from tests.quantizer_checks import assert_kernels_match_torch, bound, gaussian, roundtrip
@@ -137,3 +138,17 @@ def test_malformed_payloads_raise():
 def test_bad_options(make, message):
     with pytest.raises(ConfigError, match=message):
         make()
+
+
+@pytest.mark.parametrize("levels", [1, 3, 7, 15, 31, 63, 127, 255])  # level codes of 1..8 bits
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 511, 4096 + 77])
+def test_every_code_width_encodes_as_torch_does(levels, n, monkeypatch):
+    """Runs of 64 codes are packed by a vector shuffle, the rest group by group; signed zeros
+    and negative values that round to code 0 keep the sign bit clear."""
+    x = gaussian(n, seed=levels)
+    x[:2] = torch.tensor([-0.0, -1e-30])[:n]
+    payloads = {}
+    for kernels in (True, False):
+        monkeypatch.setattr(stochastic, "KERNELS", kernels)
+        payloads[kernels], _ = bound(StandardDithering(levels=levels)).compress(x, "t")
+    assert all(torch.equal(a, b) for a, b in zip(payloads[True], payloads[False]))

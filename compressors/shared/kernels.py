@@ -424,8 +424,68 @@ def _pack_codes(cbuf, x, m, bits, signs, codes, g0):  # pragma: no cover - compi
                 codes[(g0 + g) * bits + b] = U8((word >> U64(8 * b)) & U64(0xFF))
 
 
+@intrinsic
+def _pack_groups(typingctx, cbuf, at, width, x, codes, start, signs, group):  # pragma: no cover
+    """`_pack_codes` of 8 groups at once, the inverse of `_spread_groups`: the 64 codes of
+    cbuf[at:at + 64] (one per byte, below 2^bits, bits = len(width)) merged by three halving
+    steps into 8 * bits bits per 64-bit lane, whose low bytes one shuffle writes to
+    codes[start:start + 8 * bits]; the 64 signs (x[at + j] < 0 and code j > 0) to
+    signs[group:group + 8]."""
+    sig = types.void(cbuf, at, width, x, codes, start, signs, group)
+
+    def codegen(context, builder, signature, args):
+        cbuf_v, at_v, _, x_v, codes_v, start_v, signs_v, group_v = args
+        bits = signature.args[2].count
+        i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+        bytes64 = ir.VectorType(i8, 64)
+
+        def load(arg, value, index, vector):
+            pointer = data_pointer(context, builder, signature.args[arg], value, index)
+            return builder.load(builder.bitcast(pointer, vector.as_pointer()), align=1)
+
+        c8 = load(0, cbuf_v, at_v, bytes64)
+        w = builder.bitcast(c8, ir.VectorType(i64, 8))
+
+        def step(w, down, up, keep):  # (w & keep) | (((w >> down) & keep) << up)
+            def lanes_of(value):
+                return ir.Constant(w.type, [value] * 8)
+            moved = builder.and_(builder.lshr(w, lanes_of(down)), lanes_of(keep))
+            return builder.or_(builder.and_(w, lanes_of(keep)),
+                               builder.shl(moved, lanes_of(up)))
+
+        w = step(w, 8, bits, 0x00FF00FF00FF00FF)
+        w = step(w, 16, 2 * bits, 0x0000FFFF0000FFFF)
+        w = step(w, 32, 4 * bits, 0x00000000FFFFFFFF)
+        order = [8 * j + b for j in range(8) for b in range(bits)]
+        packed = builder.shuffle_vector(builder.bitcast(w, bytes64), ir.Constant(bytes64, None),
+                                        ir.Constant(ir.VectorType(i32, 8 * bits), order))
+        target = data_pointer(context, builder, signature.args[4], codes_v, start_v)
+        builder.store(packed, builder.bitcast(target, packed.type.as_pointer()), align=1)
+        values = load(3, x_v, at_v, ir.VectorType(ir.FloatType(), 64))
+        negative = builder.fcmp_ordered("<", values, ir.Constant(values.type, [0.0] * 64))
+        sent = builder.icmp_unsigned("!=", c8, ir.Constant(bytes64, [0] * 64))
+        plane = builder.bitcast(builder.and_(negative, sent), i64)
+        target = data_pointer(context, builder, signature.args[6], signs_v, group_v)
+        builder.store(plane, builder.bitcast(target, i64.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(inline="always")
+def _pack_wide(cbuf, x, m, width, signs, codes, g0):  # pragma: no cover - compiled
+    """`_pack_codes` with bits = len(width): whole runs of 8 groups by `_pack_groups`, the
+    rest group by group."""
+    bits = len(width)
+    runs = m // 64
+    for r in range(runs):
+        _pack_groups(cbuf, 64 * r, width, x, codes, (g0 + 8 * r) * bits, signs, g0 + 8 * r)
+    _pack_codes(cbuf[64 * runs:], x[64 * runs:], m - 64 * runs, bits, signs, codes,
+                g0 + 8 * runs)
+
+
 @numba.njit(cache=True, nogil=True)
-def _dither_encode(x, scale, bucket, start, units, natural, k1, k2, bits, signs,
+def _dither_encode(x, scale, bucket, start, units, natural, k1, k2, width, signs,
                    codes):  # pragma: no cover - compiled
     """Level codes of z = min(|x| scale[bucket], units) and the signs, packed (see
     `gracecomm.compressors.dithering`); per block: scale (per bucket segment), round, pack."""
@@ -439,8 +499,9 @@ def _dither_encode(x, scale, bucket, start, units, natural, k1, k2, bits, signs,
             index = (start + b0 + k) // bucket
             end = min(m, (index + 1) * bucket - start - b0)
             factor = scale[index]
-            for j in range(k, end):
-                zbuf[j] = min(abs(x[b0 + j]) * factor, units)
+            segment, out = x[b0 + k:b0 + end], zbuf[k:end]
+            for j in range(segment.size):  # over slices from 0: vectorised (a loop from k was not)
+                out[j] = min(abs(segment[j]) * factor, units)
             k = end
         base = U32(start + b0)
         if natural:  # z >= 1: natural rounding of z, code = exponent + 1; else 1 w.p. z
@@ -454,7 +515,7 @@ def _dither_encode(x, scale, bucket, start, units, natural, k1, k2, bits, signs,
                 u = F32(_mix(U32(j) + base, k1, k2) >> U32(8)) * F32(2.0**-24)
                 lower = F32(np.floor(zbuf[j]))
                 cbuf[j] = U8(lower) + U8(u < zbuf[j] - lower)
-        _pack_codes(cbuf, x[b0:b0 + m], m, bits, signs, codes, b0 // 8)
+        _pack_wide(cbuf, x[b0:b0 + m], m, width, signs, codes, b0 // 8)
 
 
 def dither_encode(x: np.ndarray, scale: np.ndarray, bucket: int, units: float, natural: bool,
@@ -467,7 +528,7 @@ def dither_encode(x: np.ndarray, scale: np.ndarray, bucket: int, units: float, n
     k1, k2 = _keys(key)
     if n:
         _split(n, _dither_encode, lambda lo, hi: (
-            x[lo:hi], scale, bucket, lo, F32(units), natural, k1, k2, bits,
+            x[lo:hi], scale, bucket, lo, F32(units), natural, k1, k2, (0,) * bits,
             signs[lo // 8:(hi + 7) // 8], codes[lo // 8 * bits:(hi + 7) // 8 * bits]))
     return signs, codes
 
