@@ -269,6 +269,15 @@ def _unpack_codes(plane, bits, out):  # pragma: no cover - compiled
         words[whole] = _spread(w, bits)
 
 
+def _lane_step(builder: ir.IRBuilder, w: ir.Value, down: int, up: int, keep: int) -> ir.Value:
+    """(w & keep) | (((w >> down) & keep) << up) in every 64-bit lane of `w`: one halving
+    step of `_spread_groups` (fields moved up) or `_pack_groups` (moved down, up < down)."""
+    def lanes_of(value: int) -> ir.Constant:
+        return ir.Constant(w.type, [value] * w.type.count)
+    moved = builder.and_(builder.lshr(w, lanes_of(down)), lanes_of(keep))
+    return builder.or_(builder.and_(w, lanes_of(keep)), builder.shl(moved, lanes_of(up)))
+
+
 def _loaded(bits: int) -> int:
     """Bytes `_spread_groups` loads for 8 groups of `bits`-bit codes: 8 * bits rounded up to a
     power of two (a whole vector register; other widths compiled to slow shuffles)."""
@@ -296,16 +305,9 @@ def _spread_groups(typingctx, plane, start, width, out, at):  # pragma: no cover
                                        ir.Constant(ir.VectorType(i32, 64), order))
         w = builder.bitcast(lanes, ir.VectorType(i64, 8))
 
-        def step(w, down, up, keep):  # (w & keep) | (((w >> down) & keep) << up)
-            def lanes_of(value):
-                return ir.Constant(w.type, [value] * 8)
-            moved = builder.and_(builder.lshr(w, lanes_of(down)), lanes_of(keep))
-            return builder.or_(builder.and_(w, lanes_of(keep)),
-                               builder.shl(moved, lanes_of(up)))
-
-        w = step(w, 4 * bits, 32, (1 << (4 * bits)) - 1)
-        w = step(w, 2 * bits, 16, ((1 << (2 * bits)) - 1) * (1 | 1 << 32))
-        w = step(w, bits, 8, ((1 << bits) - 1) * 0x0001000100010001)
+        w = _lane_step(builder, w, 4 * bits, 32, (1 << (4 * bits)) - 1)
+        w = _lane_step(builder, w, 2 * bits, 16, ((1 << (2 * bits)) - 1) * (1 | 1 << 32))
+        w = _lane_step(builder, w, bits, 8, ((1 << bits) - 1) * 0x0001000100010001)
         target = data_pointer(context, builder, signature.args[3], out_v, at_v)
         builder.store(builder.bitcast(w, ir.VectorType(i8, 64)),
                       builder.bitcast(target, ir.VectorType(i8, 64).as_pointer()), align=1)
@@ -446,16 +448,9 @@ def _pack_groups(typingctx, cbuf, at, width, x, codes, start, signs, group):  # 
         c8 = load(0, cbuf_v, at_v, bytes64)
         w = builder.bitcast(c8, ir.VectorType(i64, 8))
 
-        def step(w, down, up, keep):  # (w & keep) | (((w >> down) & keep) << up)
-            def lanes_of(value):
-                return ir.Constant(w.type, [value] * 8)
-            moved = builder.and_(builder.lshr(w, lanes_of(down)), lanes_of(keep))
-            return builder.or_(builder.and_(w, lanes_of(keep)),
-                               builder.shl(moved, lanes_of(up)))
-
-        w = step(w, 8, bits, 0x00FF00FF00FF00FF)
-        w = step(w, 16, 2 * bits, 0x0000FFFF0000FFFF)
-        w = step(w, 32, 4 * bits, 0x00000000FFFFFFFF)
+        w = _lane_step(builder, w, 8, bits, 0x00FF00FF00FF00FF)
+        w = _lane_step(builder, w, 16, 2 * bits, 0x0000FFFF0000FFFF)
+        w = _lane_step(builder, w, 32, 4 * bits, 0x00000000FFFFFFFF)
         order = [8 * j + b for j in range(8) for b in range(bits)]
         packed = builder.shuffle_vector(builder.bitcast(w, bytes64), ir.Constant(bytes64, None),
                                         ir.Constant(ir.VectorType(i32, 8 * bits), order))
