@@ -49,9 +49,6 @@ PARALLEL_MIN = 1 << 20
 _BLOCK = 1 << 16  # elements per block, a multiple of 8 (whole packed groups); a block's float32
 # sum (256 KiB) stays in L2 while every rank's planes are added to it: blocks of 4096 made the
 # receiving side 20-40% slower (docs/quantizers.md)
-# _SPREAD[byte]: its 8 bits as the 8 bytes of a little-endian uint64, bit j in byte j
-_SPREAD = np.array([sum(((b >> j) & 1) << (8 * j) for j in range(8)) for b in range(256)],
-                   dtype=np.uint64)
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 F32_BIAS = FLOAT_BITS[torch.float32].bias
 
@@ -249,13 +246,9 @@ def _spread(w, bits):  # pragma: no cover - compiled
 @numba.njit(inline="always")
 def _unpack_codes(plane, bits, out):  # pragma: no cover - compiled
     """The `bits`-wide codes of `plane` (LSB-first, 8 codes per `bits` bytes; a short last
-    group reads as zeros past the end) into `out`, one byte each; one bit per code is a
-    lookup of `_SPREAD`."""
+    group reads as zeros past the end) into `out`, one byte each (the groups `_unpack_wide`
+    leaves)."""
     words = out.view(np.uint64)
-    if bits == 1:
-        for g in range(plane.size):
-            words[g] = _SPREAD[plane[g]]
-        return
     whole = plane.size // bits
     for g in range(whole):
         w = U64(0)
