@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grace.sparse import dense_empty
 from grace.validation import check_choice, numba_available, require_numba
 
 BACKENDS = ("auto", "torch", "numba")
@@ -229,7 +230,7 @@ def _collect(x: torch.Tensor, thr: float, expected: int | None
     guess = d if expected is None else max(0, int(expected))
     cap = min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)
     chunks, keys = -(-d // CHUNK), _key_view(x)
-    offsets, raw = _staging(chunks * (cap + kernels.STRIDE), keys.dtype)
+    offsets, raw = _staging(chunks * (cap + kernels.STRIDE), lay.int_dtype)
     counts, written = np.zeros(chunks, np.int64), np.zeros(chunks, np.int64)
     span = lay.inf - lo
     with threads(x) as parallel:
@@ -242,29 +243,14 @@ def _collect(x: torch.Tensor, thr: float, expected: int | None
     return torch.from_numpy(positions), torch.from_numpy(values).view(x.dtype)
 
 
-STAGING_KEPT = 1 << 25  # bytes of `_collect`'s staging buffers each thread keeps between calls
-_STAGING = threading.local()
-
-
-def _staging(size: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """`collect`'s per-chunk buffers (int32 offsets and raw elements, `size` each): the calling
-    thread's, reused from call to call up to `STAGING_KEPT` bytes, else fresh from numpy.
-    Buffers the kernel allocated itself made a selection of a quarter of a tensor cost 27
-    reads of it (8 with numpy's), and fresh buffers page-fault: a selection of a few percent
-    cost about twice what it does on reused ones."""
-    if size * (4 + np.dtype(dtype).itemsize) > STAGING_KEPT:
-        return np.empty(size, np.int32), np.empty(size, dtype)
-    kept = getattr(_STAGING, "buffers", {})
-    offsets, raw = kept.get(np.dtype(dtype), (np.empty(0, np.int32), None))
-    if offsets.size < size:
-        offsets, raw = np.empty(size, np.int32), np.empty(size, dtype)
-        _STAGING.buffers = {**kept, np.dtype(dtype): (offsets, raw)}
-    return offsets[:size], raw[:size]
-
-
-def release_staging() -> None:
-    """Drop the calling thread's kept staging buffers (see `_staging`)."""
-    _STAGING.buffers = {}
+def _staging(size: int, dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """`collect`'s per-chunk buffers (int32 offsets and raw elements, `size` each), from
+    `grace.sparse.dense_empty`, which recycles large ones. Buffers the kernel allocated
+    itself made a selection of a quarter of a tensor cost 27 reads of it (8 with numpy's),
+    and fresh buffers page-fault: a selection of a few percent cost about twice what it does
+    on reused ones."""
+    return (dense_empty(size, torch.int32, "cpu").numpy(),
+            dense_empty(size, dtype, "cpu").numpy())
 
 
 def count_infinite(x: torch.Tensor) -> int:

@@ -12,9 +12,8 @@ reset through /proc/self/clear_refs), measured after every timing of the run bec
 first makes glibc map and unmap every allocation of 64 KiB or more, so that freed memory
 leaves the resident set instead of being reused unseen. It counts torch, numpy and numba
 allocations alike (tracemalloc sees none of torch's) and includes the call's outputs.
-Buffers the library keeps for reuse (recycled outputs, `grace.sparse.release_recycled`; the
-selections' staging, `exceedance.release_staging`) are released before each measured call,
-so that it is charged for them as a first call would be.
+Buffers the library keeps for reuse (`grace.sparse.release_recycled`) are released before
+each measured call, so that it is charged for them as a first call would be.
 
 Suites live in this package, one module each, registered with `@suite("name")`. A suite's
 own options go under its name (``+quantizers.sizes=[...]``); a suite that reads top-level
@@ -32,7 +31,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from gracecomm.compressors.shared.exceedance import release_staging
 from grace.sparse import release_recycled
 
 Record = dict[str, Any]
@@ -87,7 +85,6 @@ class PeakMemory:
         if not self.available:
             return float("nan")
         release_recycled()
-        release_staging()
         _CLEAR.write_text("5")  # reset the high-water mark to the current resident set
         start = self._status("VmRSS")
         fn()
