@@ -145,6 +145,42 @@ def unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
     return unpack_uint(packed, 1, n, dtype=torch.uint8).view(torch.bool)
 
 
+VARINT_MAX_BYTES = 5  # LEB128 bytes of a 32-bit value
+
+
+def varint_bytes(values: torch.Tensor) -> torch.Tensor:
+    """Non-negative integers below 2**32 as unsigned LEB128 varints: 7 payload bits per
+    byte, least significant group first, high bit set on every byte but a value's last."""
+    v = values.reshape(-1).to(torch.int64)
+    low, high = (int(b) for b in torch.aminmax(v)) if v.numel() else (0, 0)
+    if low < 0 or high >= 1 << 32:
+        raise ValueError(f"varint_bytes: values must lie in [0, 2**32), got [{low}, {high}]")
+    shifts = 7 * torch.arange(VARINT_MAX_BYTES, device=v.device)
+    groups = v.unsqueeze(1) >> shifts  # (n, 5): the value from each 7-bit group upwards
+    more = groups >= 0x80  # a higher group is non-zero, so another byte follows
+    keep = torch.cat([torch.ones_like(more[:, :1]), more[:, :-1]], dim=1)
+    return torch.masked_select(((groups & 0x7F) | (more.long() << 7)).to(torch.uint8), keep)
+
+
+def varint_values(data: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of `varint_bytes`: the `n` values (int64) of a uint8 stream that holds exactly
+    `n` complete varints of at most `VARINT_MAX_BYTES` bytes; `PayloadError` otherwise."""
+    d = data.reshape(-1).long()
+    last = d < 0x80
+    if int(last.sum()) != n or (d.numel() and not bool(last[-1])):
+        raise PayloadError(f"the stream holds {int(last.sum())} complete varints"
+                           f"{' and a truncated one' if d.numel() and not bool(last[-1]) else ''}"
+                           f", expected {n}")
+    owner = torch.cumsum(last, 0) - last.long()
+    starts = torch.cat([d.new_zeros(1), last.nonzero().view(-1) + 1])[:n]
+    shift = torch.arange(d.numel(), device=d.device) - starts[owner]
+    if d.numel() and int(shift.max()) >= VARINT_MAX_BYTES:
+        raise PayloadError(f"a varint is longer than {VARINT_MAX_BYTES} bytes")
+    values = torch.zeros(n, dtype=torch.int64, device=d.device)
+    values.index_add_(0, owner, (d & 0x7F) << (7 * shift))
+    return values
+
+
 def bits_for(count: int) -> int:
     """Bits needed to write integers in [0, count): max(1, ceil(log2(count)))."""
     return max(1, (int(count) - 1).bit_length())

@@ -14,7 +14,7 @@ import grace
 from gracecomm.compressors.shared.deflate import deflate
 from grace.validation import ConfigError, PayloadError
 from gracecomm.compressors.lgc.autoencoder import Decoder, Encoder, pad, padded_length
-from gracecomm.compressors.lgc.layout import Plan, decode_stream, encode_stream
+from gracecomm.compressors.lgc.layout import IndexCoding, Plan
 from gracecomm.compressors.lgc.ps import LGCPS, similarity_loss
 from gracecomm.compressors.lgc.rar import LGCRar
 from gracecomm.experiments.bench.lgc import run as bench_lgc
@@ -83,14 +83,16 @@ def test_reference_cnn_sizes():
         reference_plan(0.001, first_layer=["classifier"])
 
 
-def test_index_streams_round_trip_and_are_counted_as_sent():
+@pytest.mark.parametrize("fmt", IndexCoding.FORMATS)
+def test_index_streams_round_trip_and_are_counted_as_sent(fmt):
     plan = reference_plan(0.01)
     tensors = [g for _, g in model_grads(ReferenceCNN())]
     indices = plan.topk(tensors)
     for delta in (True, False):
-        stream = plan.encode_indices(indices, delta, 9)
+        coding = IndexCoding(delta, 9, fmt)
+        stream = plan.encode_indices(indices, coding)
         assert stream.dtype == torch.uint8
-        back = plan.decode_indices(stream, delta)
+        back = plan.decode_indices(stream, coding)
         assert all(torch.equal(a, b) for a, b in zip(indices, back))
         raw = torch.cat(indices).to(torch.int32)
         if delta:
@@ -98,15 +100,39 @@ def test_index_streams_round_trip_and_are_counted_as_sent():
     # the stream is exactly the DEFLATE output of the per-layer deltas
     counts = [2, 3]
     idx = torch.tensor([5, 9, 0, 4, 7])
-    expected = deflate(torch.tensor([5, 4, 0, 4, 3], dtype=torch.int32).view(torch.uint8), 9)
-    assert torch.equal(encode_stream(idx, counts, True, 9), expected)
-    assert torch.equal(decode_stream(expected, counts, [10, 8], True), idx)
+    deltas = torch.tensor([5, 4, 0, 4, 3])
+    data = (deltas.to(torch.int32).view(torch.uint8) if fmt == "int32"
+            else deltas.to(torch.uint8))  # one varint byte each
+    expected = deflate(data, 9)
+    coding = IndexCoding(True, 9, fmt)
+    assert torch.equal(coding.encode(idx, counts), expected)
+    assert torch.equal(coding.decode(expected, counts, [10, 8]), idx)
     with pytest.raises(PayloadError, match="outside"):
-        decode_stream(expected, counts, [10, 7], True)
+        coding.decode(expected, counts, [10, 7])
     with pytest.raises(PayloadError):
-        decode_stream(expected[:-2], counts, [10, 8], True)
+        coding.decode(expected[:-2], counts, [10, 8])
     with pytest.raises(PayloadError):
-        decode_stream(expected, [2, 4], [10, 8], True)
+        coding.decode(expected, [2, 4], [10, 8])
+
+
+def test_varint_index_streams_are_smaller_and_refuse_malformed_varints():
+    """Gaps below 128 take one byte as varints against four as int32, and DEFLATE finds less
+    to do (docs/lgc.md); a stream whose varints are truncated, too long or too many is
+    refused."""
+    plan = reference_plan(0.01)
+    indices = plan.topk([g for _, g in model_grads(ReferenceCNN())])
+    sizes = {fmt: plan.encode_indices(indices, IndexCoding(True, 9, fmt)).numel()
+             for fmt in IndexCoding.FORMATS}
+    assert sizes["varint"] < sizes["int32"]
+    coding = IndexCoding(True, 9, "varint")
+    for data, count, match in [
+            (torch.tensor([0x85], dtype=torch.uint8), 1, "truncated"),
+            (torch.tensor([0x80] * 5 + [1, 1], dtype=torch.uint8), 2, "longer than 5"),
+            (torch.tensor([1, 2, 3], dtype=torch.uint8), 2, "3 complete varints")]:
+        with pytest.raises(PayloadError, match=match):
+            coding.decode(deflate(data, 9), [count], [1 << 20])
+    with pytest.raises(PayloadError, match="at most 10"):  # never inflates past 5 per index
+        coding.decode(deflate(torch.ones(11, dtype=torch.uint8), 9), [2], [100])
 
 
 def test_innovation_takes_the_largest_of_each_layer():
@@ -121,7 +147,7 @@ def test_innovation_takes_the_largest_of_each_layer():
         layer = topk[start:start + k].abs()
         assert layer[mine - start].min() >= layer.topk(m).values.min()
         start += k
-    back = plan.decode_positions(plan.encode_positions(positions, True, 9), True)
+    back = plan.decode_positions(plan.encode_positions(positions, IndexCoding()), IndexCoding())
     assert torch.equal(back, positions)
 
 
@@ -287,7 +313,7 @@ def test_ps_at_the_leaders_indices_sends_no_index_stream_of_its_own():
     _, payload, ctx = comp.compress_model(grads)
     assert payload[2].numel() == 0 and ctx.indices is not None
     assert g.metrics.pop()["lgc_index_bytes"] > 0  # the (here unsent) broadcast, charged
-    stream = ctx.plan.encode_indices(ctx.indices, True, 9)
+    stream = ctx.plan.encode_indices(ctx.indices, IndexCoding())
     with pytest.raises(PayloadError, match="rank 0: an index stream of .* indices: leader"):
         comp.parse((*payload[:2], stream), ctx, 0)
 

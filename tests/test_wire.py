@@ -3,7 +3,8 @@ import torch
 
 from grace.validation import PayloadError
 from grace.wire import (bits_for, contiguous_runs, flat_run, from_bytes, pack_bits, pack_uint,
-                        packed_nbytes, to_bytes, unpack_bits, unpack_uint)
+                        packed_nbytes, to_bytes, unpack_bits, unpack_uint, varint_bytes,
+                        varint_values)
 
 
 @pytest.mark.parametrize("bits", list(range(1, 33)))
@@ -38,6 +39,40 @@ def test_pack_uint_rejects_out_of_range_values():
 def test_unpack_rejects_wrong_length():
     with pytest.raises(PayloadError, match="exactly 2"):
         unpack_uint(torch.zeros(3, dtype=torch.uint8), 4, 4)
+
+
+def leb128(values: list[int]) -> bytes:
+    """Unsigned LEB128, one value at a time: the reference for `varint_bytes`."""
+    out = bytearray()
+    for v in values:
+        while v >= 0x80:
+            out.append(v & 0x7F | 0x80)
+            v >>= 7
+        out.append(v)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("high", [1, 128, 129, 2**14, 2**21 + 5, 2**28, 2**32])
+@pytest.mark.parametrize("n", [0, 1, 9, 1000])
+def test_varints_are_leb128_and_round_trip(high, n):
+    values = torch.randint(0, high, (n,), generator=torch.Generator().manual_seed(n + high))
+    if n:
+        values[0] = high - 1  # the widest value of the range
+    data = varint_bytes(values)
+    assert data.dtype == torch.uint8 and data.numpy().tobytes() == leb128(values.tolist())
+    assert torch.equal(varint_values(data, n), values)
+
+
+def test_varints_refuse_values_and_streams_out_of_range():
+    for bad in ([-1], [2**32]):
+        with pytest.raises(ValueError, match=r"\[0, 2\*\*32\)"):
+            varint_bytes(torch.tensor(bad))
+    with pytest.raises(PayloadError, match="truncated"):
+        varint_values(torch.tensor([0x81, 0x81], dtype=torch.uint8), 1)
+    with pytest.raises(PayloadError, match="2 complete varints, expected 1"):
+        varint_values(torch.tensor([1, 2], dtype=torch.uint8), 1)
+    with pytest.raises(PayloadError, match="longer than 5"):
+        varint_values(torch.tensor([0x80] * 5 + [1], dtype=torch.uint8), 1)
 
 
 def test_bits_for():

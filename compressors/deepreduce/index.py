@@ -14,7 +14,8 @@ import torch
 
 from gracecomm.compressors.shared.deflate import deflate, inflate
 from grace.validation import PayloadError, check_choice, check_range
-from grace.wire import bits_for, pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint
+from grace.wire import (bits_for, pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint,
+                        varint_bytes, varint_values)
 from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, CodecCtx, IndexCodec, check_index_set,
                                           flat_nonzero, pack_fields, u32_bytes, u32_values,
                                           unpack_fields)
@@ -236,38 +237,19 @@ class HuffmanIndex(LosslessIndexCodec):
 
 @INDEX_CODECS.register("delta_varint")
 class DeltaVarintIndex(LosslessIndexCodec):
-    """The first index, then the gaps, as unsigned LEB128 varints (7 payload bits per
-    byte, high bit = more bytes follow); vectorised with prefix sums and scatters."""
+    """The first index, then the gaps, as unsigned LEB128 varints (`grace.wire.varint_bytes`:
+    7 payload bits per byte, high bit = more bytes follow)."""
 
     codec_id = 6
-    MAX_BYTES: ClassVar[int] = 5  # 32-bit values
 
     def pack(self, indices: torch.Tensor, d: int) -> torch.Tensor:
-        gaps = torch.cat([indices[:1], indices[1:] - indices[:-1]])
-        nbytes = torch.ones_like(gaps)
-        for b in range(1, self.MAX_BYTES):
-            nbytes += gaps >= (1 << (7 * b))
-        first = torch.cumsum(nbytes, 0) - nbytes
-        out = torch.zeros(int(nbytes.sum()), dtype=torch.int64, device=indices.device)
-        for b in range(self.MAX_BYTES):
-            sel = nbytes > b
-            more = (nbytes[sel] > b + 1).long() << 7
-            out[first[sel] + b] = ((gaps[sel] >> (7 * b)) & 0x7F) | more
-        return out.to(torch.uint8)
+        return varint_bytes(torch.cat([indices[:1], indices[1:] - indices[:-1]]))
 
     def unpack(self, section: torch.Tensor, n: int, d: int) -> torch.Tensor:
-        data = section.long()
-        last = data < 0x80
-        if int(last.sum()) != n or (data.numel() and not bool(last[-1])):
-            raise PayloadError(f"{self.label}: the section holds {int(last.sum())} complete "
-                               f"varints, the header announces {n}")
-        owner = torch.cumsum(last, 0) - last.long()
-        starts = torch.cat([data.new_zeros(1), last.nonzero().view(-1) + 1])[:n]
-        shift = torch.arange(data.numel(), device=data.device) - starts[owner]
-        if data.numel() and int(shift.max()) >= self.MAX_BYTES:
-            raise PayloadError(f"{self.label}: a varint is longer than {self.MAX_BYTES} bytes")
-        gaps = torch.zeros(n, dtype=torch.int64, device=data.device)
-        gaps.index_add_(0, owner, (data & 0x7F) << (7 * shift))
+        try:
+            gaps = varint_values(section, n)
+        except PayloadError as err:
+            raise PayloadError(f"{self.label}: {err}") from None
         return torch.cumsum(gaps, 0)
 
 

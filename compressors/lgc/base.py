@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -30,7 +30,7 @@ from grace.validation import (ConfigError, PayloadError, all_finite, check_choic
                               check_range, check_ratio, expect_payload)
 from grace.wire import payload_nbytes
 from gracecomm.compressors.lgc.autoencoder import Decoder, Encoder, pad, padded_length
-from gracecomm.compressors.lgc.layout import Groups, Plan
+from gracecomm.compressors.lgc.layout import Groups, IndexCoding, Plan
 
 SCALE_EPS = 1e-12
 
@@ -87,7 +87,7 @@ class LGC(Compressor):
     AE_DEFAULTS: ClassVar[dict[str, Any]] = {
         "optimizer": "adam", "lr": 1e-3, "lambda1": 1.0, "leaky_slope": 0.01,
         "input_scale": "rms"}
-    INDEX_CODING_DEFAULTS: ClassVar[dict[str, Any]] = {"delta": True, "zlib_level": 9}
+    INDEX_CODING_DEFAULTS: ClassVar[dict[str, Any]] = asdict(IndexCoding())
 
     def __init__(self, ratio: float = DEFAULT_RATIO, warmup_iters: int = 200,
                  ae_train_iters: int = 300, first_layer: Any = "auto",
@@ -104,9 +104,11 @@ class LGC(Compressor):
         self.last_layer = groups_option(label, "last_layer", last_layer)
         self.seed = check_range(seed, label, "seed", 0, integer=True)
         coding = options(label, "index_coding", index_coding, self.INDEX_CODING_DEFAULTS)
-        self.delta = bool(coding["delta"])
-        self.zlib_level = check_range(coding["zlib_level"], label, "index_coding.zlib_level",
-                                      0, 9, integer=True)
+        self.index_coding = IndexCoding(
+            bool(coding["delta"]),
+            check_range(coding["zlib_level"], label, "index_coding.zlib_level", 0, 9,
+                        integer=True),
+            check_choice(coding["format"], IndexCoding.FORMATS, label, "index_coding.format"))
         self.ae = options(label, "ae", ae, self.AE_DEFAULTS)
         check_choice(self.ae["optimizer"], ("adam", "sgd"), label, "ae.optimizer")
         check_choice(self.ae["input_scale"], ("rms", "none"), label, "ae.input_scale")
@@ -219,7 +221,7 @@ class LGC(Compressor):
         if self.rank == leader:
             indices = plan.topk(tensors)
             with self.metrics.timer("deflate_s"):
-                stream = plan.encode_indices(indices, self.delta, self.zlib_level)
+                stream = plan.encode_indices(indices, self.index_coding)
             self.log_bytes("index", stream)
         if self.comm is None:
             return indices, stream.numel()
@@ -231,7 +233,7 @@ class LGC(Compressor):
         if self.rank == leader:
             return indices, length
         try:
-            return plan.decode_indices(buf, self.delta), length
+            return plan.decode_indices(buf, self.index_coding), length
         except PayloadError as err:
             raise PayloadError(f"index stream from the leader, rank {leader}: {err}") from None
 

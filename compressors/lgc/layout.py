@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import ClassVar
 
 import torch
 
@@ -20,6 +21,7 @@ from grace.compressor import Payload, TensorInfo
 from gracecomm.compressors.shared.deflate import deflate, inflate
 from gracecomm.compressors.shared.exceedance import top_k
 from grace.validation import ConfigError, PayloadError
+from grace.wire import VARINT_MAX_BYTES, varint_bytes, varint_values
 
 Groups = str | Sequence[str] | None  # "auto", None (no such group) or names / module prefixes
 
@@ -183,23 +185,22 @@ class Plan:
         return order[rank < m[layer[order]]].sort().values
 
     # -- index streams (Sec. V-A, DEFLATE) --------------------------------------------------
-    def encode_indices(self, indices: Sequence[torch.Tensor], delta: bool,
-                       level: int) -> torch.Tensor:
+    def encode_indices(self, indices: Sequence[torch.Tensor],
+                       coding: IndexCoding) -> torch.Tensor:
         """Idx(I): the M and Lambda selections as a DEFLATE stream."""
         flat = torch.cat(list(indices)) if indices else torch.empty(0, dtype=torch.int64)
-        return encode_stream(flat, self.k, delta, level)
+        return coding.encode(flat, self.k)
 
-    def decode_indices(self, stream: torch.Tensor, delta: bool) -> list[torch.Tensor]:
+    def decode_indices(self, stream: torch.Tensor, coding: IndexCoding) -> list[torch.Tensor]:
         bounds = [self.shapes[i].numel() for i in self.sparse]
-        return list(decode_stream(stream, self.k, bounds, delta).split(list(self.k)))
+        return list(coding.decode(stream, self.k, bounds).split(list(self.k)))
 
-    def encode_positions(self, positions: torch.Tensor, delta: bool, level: int) -> torch.Tensor:
+    def encode_positions(self, positions: torch.Tensor, coding: IndexCoding) -> torch.Tensor:
         """Idx(P): innovation positions, each layer's relative to its offset o_l in g~."""
-        return encode_stream(positions - self._layer_starts(positions.device, self.m), self.m,
-                             delta, level)
+        return coding.encode(positions - self._layer_starts(positions.device, self.m), self.m)
 
-    def decode_positions(self, stream: torch.Tensor, delta: bool) -> torch.Tensor:
-        local = decode_stream(stream, self.m, self.k[:len(self.middle)], delta)
+    def decode_positions(self, stream: torch.Tensor, coding: IndexCoding) -> torch.Tensor:
+        local = coding.decode(stream, self.m, self.k[:len(self.middle)])
         return local + self._layer_starts(local.device, self.m)
 
     def _layer_starts(self, device: torch.device, counts: Sequence[int]) -> torch.Tensor:
@@ -209,38 +210,56 @@ class Plan:
         return torch.repeat_interleave(torch.cumsum(k, 0) - k, repeats)
 
 
-def encode_stream(indices: torch.Tensor, counts: Sequence[int], delta: bool,
-                  level: int) -> torch.Tensor:
-    """Layers in order; per layer the first index, then successive differences (with
-    `delta`), as little-endian int32, DEFLATE-compressed (`gracecomm.compressors.shared.deflate`)."""
-    x = indices.to(torch.int64)
-    if delta and x.numel():
-        d = x.clone()
-        d[1:] -= x[:-1]
-        starts, _ = _segments(counts, x.device)
-        d[starts] = x[starts]
-        x = d
-    return deflate(x.to(torch.int32).cpu().view(torch.uint8), level).to(indices.device)
+@dataclass(frozen=True)
+class IndexCoding:
+    """How an index stream is coded (Sec. V-A: "entropy encoded using the DEFLATE compression
+    method"): layers in order; per layer the first index, then successive differences (with
+    `delta`), written as little-endian int32 (`format="int32"`) or as LEB128 varints
+    (`"varint"`, `grace.wire.varint_bytes`), then DEFLATE at `zlib_level`
+    (`gracecomm.compressors.shared.deflate`). Indices are ascending within a layer, so every
+    written value is non-negative."""
 
+    delta: bool = True
+    zlib_level: int = 9
+    format: str = "int32"
 
-def decode_stream(stream: torch.Tensor, counts: Sequence[int], bounds: Sequence[int],
-                  delta: bool) -> torch.Tensor:
-    """Inverse of `encode_stream`; raises `PayloadError` unless the stream holds exactly
-    sum(counts) indices with layer l's in [0, bounds[l])."""
-    total = sum(counts)
-    x = inflate(stream, 4 * total).view(torch.int32).to(torch.int64)
-    if not total:
+    FORMATS: ClassVar[tuple[str, ...]] = ("int32", "varint")
+
+    def encode(self, indices: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+        """The stream of the concatenated per-layer `indices` (layer l holds counts[l])."""
+        x = indices.to(torch.int64)
+        if self.delta and x.numel():
+            d = x.clone()
+            d[1:] -= x[:-1]
+            starts, _ = _segments(counts, x.device)
+            d[starts] = x[starts]
+            x = d
+        data = (varint_bytes(x.cpu()) if self.format == "varint"
+                else x.to(torch.int32).cpu().view(torch.uint8))
+        return deflate(data, self.zlib_level).to(indices.device)
+
+    def decode(self, stream: torch.Tensor, counts: Sequence[int],
+               bounds: Sequence[int]) -> torch.Tensor:
+        """Inverse of `encode`; raises `PayloadError` unless the stream holds exactly
+        sum(counts) indices with layer l's in [0, bounds[l])."""
+        total = sum(counts)
+        if self.format == "varint":
+            x = varint_values(inflate(stream, VARINT_MAX_BYTES * total, at_most=True), total)
+        else:
+            x = inflate(stream, 4 * total).view(torch.int32).to(torch.int64)
+        if not total:
+            return x
+        if self.delta:
+            c = torch.cumsum(x, 0)
+            starts, sizes = _segments(counts, x.device)
+            before = torch.where(starts > 0, c[(starts - 1).clamp(min=0)], 0)
+            x = c - torch.repeat_interleave(before, sizes)
+        bound = torch.repeat_interleave(
+            torch.tensor(bounds, dtype=torch.int64, device=x.device),
+            torch.tensor(counts, dtype=torch.int64, device=x.device))
+        if bool(((x < 0) | (x >= bound)).any()):
+            raise PayloadError("index stream holds indices outside their layers' ranges")
         return x
-    if delta:
-        c = torch.cumsum(x, 0)
-        starts, sizes = _segments(counts, x.device)
-        before = torch.where(starts > 0, c[(starts - 1).clamp(min=0)], 0)
-        x = c - torch.repeat_interleave(before, sizes)
-    bound = torch.repeat_interleave(torch.tensor(bounds, dtype=torch.int64, device=x.device),
-                                    torch.tensor(counts, dtype=torch.int64, device=x.device))
-    if bool(((x < 0) | (x >= bound)).any()):
-        raise PayloadError("index stream holds indices outside their layers' ranges")
-    return x
 
 
 def _segments(counts: Sequence[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -137,7 +137,7 @@ class LGCPS(LGC):
         else:
             indices = plan.topk(tensors)
             with self.metrics.timer("deflate_s"):
-                idx = plan.encode_indices(indices, self.delta, self.zlib_level)
+                idx = plan.encode_indices(indices, self.index_coding)
             index_bytes, broadcast = idx.numel(), {}
         topk_m, values_l = plan.values(tensors, indices)
         dense = plan.dense_part(tensors)
@@ -154,7 +154,7 @@ class LGCPS(LGC):
                 with torch.no_grad(), self.metrics.timer("ae_s"):
                     latent = self.encode((topk_m / scale).unsqueeze(0), plan).reshape(-1)
             with self.metrics.timer("deflate_s"):
-                stream = plan.encode_positions(positions, self.delta, self.zlib_level)
+                stream = plan.encode_positions(positions, self.index_coding)
             payload = (dense, latent, topk_m[positions], values_l,
                        scale.reshape(1).to(topk_m.dtype), idx, stream)
         self.log_parts(PARTS[phase], payload)
@@ -224,7 +224,7 @@ class LGCPS(LGC):
                 raise PayloadError(f"latent of {latent.numel()} values, expected "
                                    f"{padded_length(plan.mu) // 4}")
             return WorkerPart(dense, self.worker_indices(idx, ctx), None, values_l,
-                              latent, plan.decode_positions(pos, self.delta), innovation,
+                              latent, plan.decode_positions(pos, self.index_coding), innovation,
                               scale.float())
         except PayloadError as err:
             raise PayloadError(f"rank {rank}: {err}") from None
@@ -233,7 +233,7 @@ class LGCPS(LGC):
         """A worker's per-layer top-k indices: its own DEFLATE stream, or with ``indices:
         leader`` the leader's broadcast selection (the payload's stream is then empty)."""
         if ctx.indices is None:
-            return ctx.plan.decode_indices(idx, self.delta)
+            return ctx.plan.decode_indices(idx, self.index_coding)
         if idx.numel():
             raise PayloadError(f"an index stream of {idx.numel()} bytes, but with indices: "
                                f"leader every worker uses the leader's broadcast indices")

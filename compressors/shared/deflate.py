@@ -35,25 +35,27 @@ def deflate(data: torch.Tensor, level: int = 6) -> torch.Tensor:
     return byte_tensor(out, data.device)
 
 
-def inflate(stream: torch.Tensor, expected: int) -> torch.Tensor:
+def inflate(stream: torch.Tensor, expected: int, *, at_most: bool = False) -> torch.Tensor:
     """Inverse of `deflate`; raises `PayloadError` unless the stream is well formed and
-    expands to exactly `expected` bytes (never inflates more than that)."""
+    expands to exactly `expected` bytes, or to at most `expected` with `at_most` (never
+    inflates more than that)."""
     raw = stream.reshape(-1).cpu().numpy().tobytes()
     if len(raw) < _LENGTH.size:
         raise PayloadError(f"DEFLATE section holds {len(raw)} bytes, shorter than its "
                            f"{_LENGTH.size}-byte length field")
     (length,) = _LENGTH.unpack_from(raw)
-    if length != expected:
-        raise PayloadError(f"DEFLATE section announces {length} bytes, expected {expected}")
+    if length > expected or (length < expected and not at_most):
+        raise PayloadError(f"DEFLATE section announces {length} bytes, expected "
+                           f"{'at most ' if at_most else ''}{expected}")
     unpacker = zlib.decompressobj(-15)
     try:
-        out = unpacker.decompress(raw[_LENGTH.size:], expected)
+        out = unpacker.decompress(raw[_LENGTH.size:], length)
     except zlib.error as err:
         raise PayloadError(f"DEFLATE section is corrupt: {err}") from None
-    if len(out) != expected or unpacker.unconsumed_tail or not unpacker.eof:
+    if len(out) != length or unpacker.unconsumed_tail or not unpacker.eof:
         raise PayloadError(f"DEFLATE section expands to {len(out)} bytes"
                            f"{' (truncated stream)' if not unpacker.eof else ''}"
-                           f", expected exactly {expected}")
+                           f", its length field announces {length}")
     if unpacker.unused_data:
         raise PayloadError(f"DEFLATE section has {len(unpacker.unused_data)} bytes after the "
                            "end of its stream")

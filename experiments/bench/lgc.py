@@ -3,19 +3,20 @@ gradients, in one process (a world of one rank: the PS master decodes one worker
 
     gracecomm-bench suite=lgc
     gracecomm-bench suite=lgc +lgc.models=[resnet20,reference_cnn] +lgc.ratio=0.001
-    gracecomm-bench suite=lgc +lgc.zlib_level=1   # faster DEFLATE than the paper's level 9
+    gracecomm-bench suite=lgc +lgc.index_coding.format=varint  # LGC's options, e.g. varint indices
 
 Each method runs whole pipeline steps (memory, compression, exchange, decompression; for LGC
 the autoencoder's training step in phase 2, its encoder and decoder in phase 3) on seeded
 random gradients of the model's shapes. ``step_s`` is the best of ``repeats`` steps, with that
 step's ``compress_s``, ``decompress_s``, ``ae_s`` and ``deflate_s`` (the index streams' DEFLATE,
-at the ``index_coding.zlib_level`` of Sec. V-A, 9 by default); ``topk_speedup`` is Top-k's step time
-over the method's, measured in the same run.
+coded as LGC's ``index_coding`` option says, which ``+lgc.index_coding`` overrides);
+``topk_speedup`` is Top-k's step time over the method's, measured in the same run.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from grace.config import instantiate
 from gracecomm.experiments.bench import Record, suite
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-DEFAULTS = {"models": ["resnet20"], "ratio": 0.01, "zlib_level": None}
+DEFAULTS = {"models": ["resnet20"], "ratio": 0.01, "index_coding": {}}
 
 
 def time_steps(g: grace.Grace, named: list[tuple[str, torch.Tensor]],
@@ -46,11 +47,11 @@ def time_steps(g: grace.Grace, named: list[tuple[str, torch.Tensor]],
     return best
 
 
-def methods(ratio: float, zlib_level: int | None = None) -> dict[str, dict[str, Any]]:
-    """Top-k and each LGC variant pinned to phase 2 (training) or phase 3 (compressed);
-    `zlib_level` replaces LGC's default DEFLATE level of the index streams."""
+def methods(ratio: float, index_coding: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Top-k and each LGC variant pinned to phase 2 (training) or phase 3 (compressed), with
+    LGC's `index_coding` options (empty: its defaults)."""
     out: dict[str, dict[str, Any]] = {"topk": {"name": "topk", "ratio": ratio}}
-    coding = {} if zlib_level is None else {"index_coding": {"zlib_level": zlib_level}}
+    coding = {"index_coding": dict(index_coding)} if index_coding else {}
     for name in ("lgc_rar", "lgc_ps"):
         out[f"{name} phase 2"] = {"name": name, "ratio": ratio, "warmup_iters": 0,
                                   "ae_train_iters": 10**9, **coding}
@@ -70,7 +71,7 @@ def run(cfg: DictConfig) -> list[Record]:
         named = [(n, torch.randn_like(p)) for n, p in model.named_parameters()]
         numel = sum(t.numel() for _, t in named)
         topk_s = None
-        for label, spec in methods(float(options["ratio"]), options["zlib_level"]).items():
+        for label, spec in methods(float(options["ratio"]), options["index_coding"]).items():
             best = time_steps(grace.build(spec), named, int(cfg.repeats))
             topk_s = topk_s or best["step_s"]
             records.append({"method": label, "model": model_name, "numel": numel,
