@@ -47,10 +47,14 @@ def accuracy(run: Run) -> float:
 
 
 def run_name(run: Run) -> str:
-    """The compressor's name; LGC_PS at the leader's indices is marked as such."""
+    """The compressor's name; LGC_PS at the leader's indices and varint index streams are
+    marked as such."""
     name = run.summary.get("compressor", run.path.name)
-    if run.config.get("compressor", {}).get("indices") == "leader":
+    compressor = run.config.get("compressor", {})
+    if compressor.get("indices") == "leader":
         name += " indices=leader"
+    if compressor.get("index_coding", {}).get("format", "int32") != "int32":
+        name += f" format={compressor['index_coding']['format']}"
     return name
 
 
@@ -92,6 +96,7 @@ def phase_rows(run: Run) -> list[dict[str, Any]]:
             "cr_values_leader": _ratio(dense / 4, _mean(steps, "lgc_leader_values")),
             "cr_values_others": _ratio(dense / 4, _mean(steps, "lgc_others_values")),
             "ae_ms": 1e3 * _mean(steps, "ae_s"), "step_ms": 1e3 * _mean(steps, "step_s"),
+            "index_ms": 1e3 * _mean(steps, "deflate_s"),
             "recon_first": fmean(recon[:20]) if recon else NAN,
             "recon_last": fmean(recon[-50:]) if recon else NAN,
             "rho": fmean([s["lgc_rho"] for s in steps if "lgc_rho" in s][-last:] or [NAN]),
@@ -119,7 +124,8 @@ def phase_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     acc = {r["run"]: r["accuracy"] for r in rows if r["phase"] == "-"}
     head = ("| run | phase | steps | bytes/rank/step | PS leader / others (RAR leader) | "
             "cr_total | vs top-k DEFLATE | vs top-k int32 | cr_values (PS leader / others) | "
-            "downlink | AE ms | step ms | recon first20 -> last50 | rho (rho_innov) | "
+            "downlink | AE ms | index coding ms | step ms | recon first20 -> last50 | "
+            "rho (rho_innov) | "
             "accuracy | vs none | vs dgc |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -136,6 +142,7 @@ def phase_table(rows: Sequence[dict[str, Any]]) -> list[str]:
             f"{fmt(_ratio(r['topk_deflate_bytes'], r['wire_bytes']), '.2f', 'x')} | "
             f"{fmt(_ratio(r['topk_int32_bytes'], r['wire_bytes']), '.2f', 'x')} | {values} | "
             f"{fmt(r['downlink_bytes'])} | {fmt(r['ae_ms'], '.2f')} | "
+            f"{fmt(r['index_ms'], '.2f')} | "
             f"{fmt(r['step_ms'], '.1f')} | {recon} | {rho} | {fmt(r['accuracy'], '.4f')} | "
             f"{fmt(100 * (r['accuracy'] - acc.get('none', NAN)), '+.1f')} | "
             f"{fmt(100 * (r['accuracy'] - acc.get('dgc', NAN)), '+.1f')} |")

@@ -216,9 +216,11 @@ LGC_RUN = ("compressor.ratio=0.01", "compressor.warmup_iters=4", "compressor.ae_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,world_size", [("lgc_rar", 2), ("lgc_ps", 4)])
-def test_lgc_trains_through_its_phases(tmp_path, name, world_size):
-    proc = train(tmp_path, f"compressor={name}", f"trainer.world_size={world_size}", *LGC_RUN)
+@pytest.mark.parametrize("name,world_size,index_format", [("lgc_rar", 2, "int32"),
+                                                          ("lgc_ps", 4, "varint")])
+def test_lgc_trains_through_its_phases(tmp_path, name, world_size, index_format):
+    proc = train(tmp_path, f"compressor={name}", f"trainer.world_size={world_size}",
+                 f"compressor.index_coding.format={index_format}", *LGC_RUN)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [r for r in records(tmp_path / "run" / "metrics.jsonl") if r["type"] == "step"]
     assert [s["lgc_phase"] for s in steps] == [1] * 4 + [2] * 12 + [3] * 8
@@ -234,7 +236,8 @@ def test_lgc_trains_through_its_phases(tmp_path, name, world_size):
     rows = phase_rows(read_run(tmp_path / "run"))  # the per-phase report
     assert [(r["phase"], r["steps"]) for r in rows] == [(1, 4), (2, 12), (3, 8)]
     assert rows[2]["wire_bytes"] == sum(wire[16:]) / 8 and rows[1]["ae_ms"] > 0
-    assert "| lgc_" in report([read_run(tmp_path / "run")])
+    table = report([read_run(tmp_path / "run")])
+    assert "| lgc_" in table and (f"{name} format=varint |" in table) == (index_format == "varint")
 
 
 # LGC spec Sec. 11 training tests: reference CNN, K = 2, alpha = 0.001, the default phases
