@@ -43,7 +43,8 @@ class _Recycler:
     transparent huge pages (madvise), so a fresh one faults once per 2 MiB instead of once
     per 4 KiB page; but each fault still has the kernel clear the page, and such sizes go
     back to the system when freed. Decompressing and aggregating allocate outputs of the
-    same sizes every step, so the buffers of dropped outputs are kept (up to
+    same sizes every step, and memories replace their state, so the buffers of dropped
+    tensors are kept (up to
     `RECYCLED_KEPT` bytes) and lent again. On the project's test machine, a 26M-element
     float32 tensor, `gracecomm-bench 'methods=[topk,natural,signsgd]' sizes=[26214400]
     ratios=[0.01] gradients=[] distributions=[laplace] peak_memory=false repeats=7
@@ -107,6 +108,13 @@ def dense_empty(numel: int, dtype: torch.dtype, device: torch.device | str) -> t
     if not _numpy_backed(numel, dtype, device):
         return torch.empty(numel, dtype=dtype, device=device)
     return torch.from_numpy(_RECYCLER.take(numel * dtype.itemsize, False)).view(dtype)
+
+
+def dense_empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`dense_empty` shaped like `t` (of `dtype`, by default t's): for state that every step
+    replaces with a new tensor (residuals, momentum), which would otherwise fault in fresh
+    pages every step."""
+    return dense_empty(t.numel(), dtype or t.dtype, t.device).view(t.shape)
 
 
 def dense_zeros(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

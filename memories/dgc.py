@@ -29,6 +29,7 @@ from grace.compressor import Compressor, Payload
 from grace.memory import Memory
 from grace.needs import Need
 from grace.registry import MEMORIES
+from grace.sparse import SparseSelection, dense_empty_like
 from grace.validation import ConfigError, check_choice, check_range
 
 
@@ -79,18 +80,35 @@ class DGCMemory(Memory):
         if u is None or v is None or u.shape != g.shape:
             u, v = torch.zeros_like(g), torch.zeros_like(g)
         # new tensors, not in place: a state snapshot taken before the step stays valid
-        u = torch.add(g, u, alpha=self.momentum)
-        v = v + g + self.momentum * u if self.nesterov else v + u
+        # (on recycled buffers when large: `grace.sparse.dense_empty`)
+        u = torch.add(g, u, alpha=self.momentum, out=dense_empty_like(g))
+        if self.nesterov:
+            v = torch.add(v, g, out=dense_empty_like(g))
+            v.add_(torch.mul(u, self.momentum, out=dense_empty_like(g)))
+        else:
+            v = torch.add(v, u, out=dense_empty_like(g))
         self.u[name], self.v[name] = u, v
         return v
 
     def update(self, tensor: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
         u, v = self.u[name].view(-1), self.v[name].view(-1)
-        sent = compressor.transmitted(payload, ctx)
-        if bool(sent.all()):  # dense transmission: nothing left to accumulate
+        sent = sent_positions(compressor, payload, ctx, v.numel())
+        if sent is None:  # dense transmission: nothing left to accumulate
             v.zero_()
             return
-        u[sent] = 0
-        v[sent] = 0
+        u.index_fill_(0, sent, 0)
+        v.index_fill_(0, sent, 0)
+
+
+def sent_positions(compressor: Compressor, payload: Payload, ctx: Any,
+                   numel: int) -> torch.Tensor | None:
+    """Flat positions (int64) of the elements `payload` carries, None when it carries all
+    `numel`: a sparse selection's own indices (no pass over a mask), else the positions of
+    the compressor's `transmitted` mask."""
+    if isinstance(compressor, SparseSelection):
+        sent = compressor.kept_indices(payload, ctx).long()
+        return None if sent.numel() == numel else sent
+    mask = compressor.transmitted(payload, ctx)
+    return None if bool(mask.all()) else mask.nonzero().view(-1)
 

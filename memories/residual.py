@@ -19,6 +19,7 @@ import torch
 from grace.compressor import Compressor, Payload
 from grace.memory import Memory
 from grace.registry import MEMORIES
+from grace.sparse import dense_empty_like
 from grace.validation import check_choice, check_range
 
 
@@ -39,18 +40,25 @@ class ResidualMemory(Memory):
 
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         residual = self.residuals.get(name)
-        scaled = tensor if self.gamma == 1.0 else self.gamma * tensor
         if residual is None or residual.shape != tensor.shape:
-            return scaled
-        return torch.add(scaled, residual, alpha=self.beta)
+            return tensor if self.gamma == 1.0 else torch.mul(tensor, self.gamma,
+                                                              out=dense_empty_like(tensor))
+        out = dense_empty_like(tensor, torch.result_type(tensor, residual))
+        scaled = tensor if self.gamma == 1.0 else torch.mul(tensor, self.gamma, out=out)
+        return torch.add(scaled, residual, alpha=self.beta, out=out)
 
     def update(self, tensor: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
         if self.reference == "own":
-            self.residuals[name] = tensor - compressor.decompress(payload, ctx)
+            self.residuals[name] = difference(tensor, compressor.decompress(payload, ctx))
 
     def update_mean(self, tensor: torch.Tensor, name: str, compressor: Compressor, ctx: Any,
                     mean: torch.Tensor) -> None:
         if compressor.feeds_back(ctx):
-            self.residuals[name] = tensor - mean
+            self.residuals[name] = difference(tensor, mean)
+
+
+def difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a - b as a new tensor, on a recycled buffer when large (`grace.sparse.dense_empty`)."""
+    return torch.sub(a, b, out=dense_empty_like(a, torch.result_type(a, b)))
 

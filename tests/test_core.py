@@ -254,6 +254,39 @@ def test_available_verbose_names_the_defining_module(kind):
         assert index["lgc_rar"] == "gracecomm.compressors.lgc.rar"
 
 
+@pytest.mark.parametrize("spec,memory", [({"name": "topk", "ratio": 0.01}, "residual"),
+                                         ({"name": "dgc", "ratio": 0.01}, "dgc"),
+                                         ("signum", "none")])
+def test_state_replaced_on_recycled_buffers_keeps_earlier_snapshots(spec, memory):
+    """Residuals and momentum large enough to live on recycled buffers: every step replaces
+    them with new tensors, so a snapshot taken earlier stays as it was while the buffers of
+    the tensors it does not hold are lent again."""
+    pipe = grace.build(spec, memory)
+    gen = torch.Generator().manual_seed(0)
+    n = 2 * sparse.HUGE_PAGE_MIN // 4
+    for _ in range(2):
+        pipe.step(torch.randn(n, generator=gen), "w")
+    kept = pipe.state_dict()
+    expected = {key: value.clone() for key, value in flat_tensors(kept).items()}
+    assert any(t.numel() == n for t in expected.values())
+    for _ in range(3):
+        pipe.step(torch.randn(n, generator=gen), "w")
+    assert all(torch.equal(t, expected[key]) for key, t in flat_tensors(kept).items())
+
+
+def flat_tensors(state, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of a nested state dict, by their path."""
+    if isinstance(state, torch.Tensor):
+        return {prefix: state}
+    if isinstance(state, dict):
+        return {k: t for key, value in state.items()
+                for k, t in flat_tensors(value, f"{prefix}/{key}").items()}
+    if isinstance(state, (list, tuple)):
+        return {k: t for i, value in enumerate(state)
+                for k, t in flat_tensors(value, f"{prefix}/{i}").items()}
+    return {}
+
+
 def test_recycled_buffers_are_never_lent_twice_across_threads(monkeypatch):
     """Outputs made and dropped on two threads at once (the exchange thread beside the
     training thread): no buffer is lent while a tensor on it lives, and every one comes
