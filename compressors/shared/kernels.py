@@ -3,7 +3,7 @@ extra). Each has a torch implementation elsewhere that gives the same bits; call
 the kernel for contiguous float32 CPU tensors when numba is importable.
 
 - the counter generator of `gracecomm.compressors.shared.stochastic` (`hash_array`, `uniform_array`);
-- sign planes (`pack_signs`, `signs_sum`, `count_signs`), as `grace.wire.pack_bits(x < 0)`
+- sign planes (`pack_signs`, `signs_sum`), as `grace.wire.pack_bits(x < 0)`
   would write;
 - natural compression fused with its 9-bit wire format (`nat9_encode`, `nat9_sum`);
 - dithering fused with its wire format (`dither_encode`, `dither_sum`): scale, draw,
@@ -211,23 +211,6 @@ def signs_sum(signs: tuple[np.ndarray, ...], lows: np.ndarray, highs: np.ndarray
     plane)."""
     lows, highs = lows.astype(np.float32), highs.astype(np.float32)
     _split(out.size, _signs_sum, lambda lo, hi: (signs, lows, highs, out, lo, hi))
-
-
-@numba.njit(cache=True, nogil=True)
-def _count_bits(signs, counts):  # pragma: no cover - compiled
-    """counts += the bits of `signs`, a group of 8 lanes per sign byte (vectorised)."""
-    for g in range(counts.size // 8):
-        byte = signs[g]
-        for lane in range(8):
-            counts[8 * g + lane] += (byte >> U8(lane)) & U8(1)
-    for k in range(counts.size // 8 * 8, counts.size):
-        counts[k] += (signs[k >> 3] >> U8(k & 7)) & U8(1)
-
-
-def count_signs(signs: np.ndarray, counts: np.ndarray) -> None:
-    """Add the sign plane's bits (1 where set) to the integer `counts` in place."""
-    _split(counts.size, _count_bits, lambda lo, hi: (signs[lo // 8:(hi + 7) // 8],
-                                                     counts[lo:hi]))
 
 
 # -- packed planes to a byte per element ----------------------------------------------------
