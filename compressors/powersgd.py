@@ -45,6 +45,7 @@ import torch
 from grace.compressor import Compressor, Payload, TensorInfo
 from grace.exchange import Link, Works
 from grace.registry import COMPRESSORS
+from grace.sparse import dense_empty
 from grace.validation import PayloadError, check_range
 
 SEED_RANGE = 1_000_000_000  # PyTorch's hook seeds torch with randint(SEED_RANGE)
@@ -239,7 +240,8 @@ class PowerSGD(Compressor):
             raise PayloadError(f"PowerSGD factor Q has shape {tuple(q.shape)} and dtype {q.dtype}, "
                                f"expected {(m, self.rank)} and {ctx.p.dtype}")
         self.q[ctx.name] = q.detach().clone()  # the last one decoded is the aggregate
-        approx = torch.bmm(ctx.p.unsqueeze(0), q.unsqueeze(0).transpose(1, 2))[0]
+        out = dense_empty(ctx.info.numel, q.dtype, q.device).view(1, -1, m)  # recycled if large
+        approx = torch.bmm(ctx.p.unsqueeze(0), q.unsqueeze(0).transpose(1, 2), out=out)[0]
         return approx.to(ctx.info.dtype).view(ctx.info.shape)
 
     def state_dict(self) -> dict[str, Any]:
