@@ -44,6 +44,7 @@ def test_compressors_suite_runs(tmp_path):
         assert (rec["receive_x_read"] != rec["receive_x_read"]) == (rec["method"] in ("randomk",
                                                                                       "none"))
         assert rec["mem_decompress_x"] >= 0 or rec["mem_decompress_x"] != rec["mem_decompress_x"]
+        assert rec["step_x_read"] > 0  # a whole pipeline step with the default memory
 
 
 def test_gradient_stream_concatenates_training_steps():

@@ -8,7 +8,9 @@ against one, per extra rank, in reads; summable methods are added by the allredu
 ``mem_compress_x`` and ``mem_decompress_x`` are the peak extra resident memory of one call
 in units of the tensor's bytes, ``topk_mem_x`` that of ``torch.topk(|t|, k)``
 (`gracecomm.experiments.bench.PeakMemory`, measured after all timings; ``peak_memory=false``
-skips it).
+skips it). ``step_x_read`` is one whole step of the method's pipeline in a world of one
+(`grace.build` with its default memory: compensate, compress, memory update, aggregate), in
+reads: what error feedback and the receiving side add to the compression a user pays for.
 
     gracecomm-bench                        # the defaults of configs/bench.yaml
     gracecomm-bench sizes=[2621440] ratios=[0.001] methods=[topk,sidco,dgc]
@@ -39,6 +41,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+import grace
 from grace.config import instantiate
 from gracecomm.compressors.shared.estimation import ThresholdSparsifier
 from grace.metrics import Metrics
@@ -205,6 +208,16 @@ def measure(compressor: Any, tensor: torch.Tensor, repeats: int) -> Record:
             "rel_error": err}
 
 
+def pipeline_step(compressor: Any, tensor: torch.Tensor, repeats: int) -> float:
+    """Seconds of one `Grace.step` of `compressor` with its default memory (after one step
+    that creates the memory's state)."""
+    pipe = grace.build(compressor)
+    pipe.step(tensor, "bench")
+    seconds = best_of(lambda: pipe.step(tensor, "bench"), repeats)
+    pipe.metrics.pop()
+    return seconds
+
+
 def receive(compressor: Any, tensor: torch.Tensor, repeats: int, ranks: int) -> float:
     """Seconds `aggregate` spends per extra rank's payload: (ranks payloads - one) /
     (ranks - 1); NaN for summable compressors (allreduce adds their payloads)."""
@@ -240,7 +253,7 @@ def quality_band(values: list[float]) -> Record:
 COLUMNS = ("method", "dist", "numel", "ratio", "compress_s", "decompress_s", "payload_bytes",
            "quality", "quality_first", "quality_first10", "quality_p5", "quality_p95", "stages",
            "rel_error", "x_read", "x_read_total", "topk_speedup", "topk_speedup_total",
-           "receive_x_read", "mem_compress_x", "mem_decompress_x", "topk_mem_x")
+           "receive_x_read", "step_x_read", "mem_compress_x", "mem_decompress_x", "topk_mem_x")
 
 
 @suite("compressors", options=("methods", "sizes", "ratios", "distributions", "gradients",
@@ -270,6 +283,7 @@ def run(cfg: DictConfig) -> list[Record]:
                 timed.append({"method": label, "dist": source, "numel": numel, "ratio": ratio,
                               **measure(compressor, tensor, int(cfg.repeats)),
                               "receive_s": receive(compressor, tensor, int(cfg.repeats), ranks),
+                              "step_s": pipeline_step(compressor, tensor, int(cfg.repeats)),
                               **quality_band([q for q, _ in seen]),
                               "quality_first": seen[0][0],
                               "quality_first10": sum(q for q, _ in seen[:10]) / len(seen[:10]),
@@ -284,6 +298,7 @@ def run(cfg: DictConfig) -> list[Record]:
                 rec["topk_speedup"] = rec["topk_s"] / rec["compress_s"]
                 rec["topk_speedup_total"] = rec["topk_s"] / total
                 rec["receive_x_read"] = rec["receive_s"] / read_s
+                rec["step_x_read"] = rec["step_s"] / read_s
                 records.append(rec)
                 print(f"{label:>14} {source:>16} {numel:>10} ratio={ratio} "
                       f"compress {1e3 * rec['compress_s']:.2f} ms "
