@@ -120,7 +120,8 @@ class Grace(Stateful):
         if Need.GLOBAL_NORM in self.memory.needs():
             norms = torch.stack([torch.linalg.vector_norm(g.float()) for _, g in named])
             self.memory.set_local_norm(float(torch.linalg.vector_norm(norms)))
-        live = [(name, grad.contiguous()) for name, grad in named if grad.numel()]
+        # detached: no state a part keeps may hold an autograd graph
+        live = [(name, grad.detach().contiguous()) for name, grad in named if grad.numel()]
         with metrics.timer("memory_s"):
             compensated = [(name, self.memory.compensate(grad, name)) for name, grad in live]
         runs = contiguous_runs([t for _, t in compensated])

@@ -274,6 +274,18 @@ def test_state_replaced_on_recycled_buffers_keeps_earlier_snapshots(spec, memory
     assert all(torch.equal(t, expected[key]) for key, t in flat_tensors(kept).items())
 
 
+@pytest.mark.parametrize("spec,memory", [("topk", "residual"), ("dgc", "dgc"),
+                                         ({"name": "topk"}, {"name": "residual", "gamma": 0.5})])
+def test_tensors_that_require_grad_are_exchanged_as_their_values(spec, memory):
+    """A tensor still attached to an autograd graph is exchanged as its detached values: the
+    memories' state (written with out= into recycled buffers) never holds a graph."""
+    x = torch.randn(300, requires_grad=True)
+    a, b = grace.build(spec, memory), grace.build(spec, memory)
+    for _ in range(3):
+        assert torch.equal(a.step(x * 2, "w"), b.step((x * 2).detach(), "w"))
+    assert not any(t.requires_grad for t in flat_tensors(a.state_dict()).values())
+
+
 def flat_tensors(state, prefix: str = "") -> dict[str, torch.Tensor]:
     """The tensors of a nested state dict, by their path."""
     if isinstance(state, torch.Tensor):
