@@ -135,10 +135,9 @@ class MajorityVote(SignCompressor):
                       "size, so SGD's step sizes end at chance (docs/quantizers.md)"),)
 
     def aggregate(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
-        device = payloads[0][0].device
-        if ctx.dtype == torch.float32 and kernels_enabled(device) and len(payloads) <= 2**24:
+        if ctx.dtype == torch.float32 and len(payloads) <= 2**24:
             return self._sum(payloads, ctx).sign_()  # the +-1 votes' sum is exact in float32
-        votes = torch.zeros(ctx.numel, device=device,
+        votes = torch.zeros(ctx.numel, device=payloads[0][0].device,
                             dtype=torch.int16 if len(payloads) < 2**15 else torch.int32)
         for payload in payloads:
             self.check(payload, ctx)
