@@ -1,4 +1,5 @@
-"""Shared test helpers: composing the Hydra configs and running functions on several ranks."""
+"""Shared test helpers: composing the Hydra configs, running functions on several ranks and
+comparing nested state dicts."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from gracecomm.experiments.train import compose_config as compose_train  # noqa: F401
 
@@ -27,3 +30,25 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def state_tensors(state: Any) -> list[torch.Tensor]:
+    """Every tensor of a nested state dict."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for v in state.values() for t in state_tensors(v)]
+    if isinstance(state, (list, tuple)):
+        return [t for v in state for t in state_tensors(v)]
+    return []
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two nested state dicts hold equal values (tensors bit for bit)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return a == b

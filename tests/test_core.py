@@ -1,5 +1,6 @@
 """Single-process tests of the core compressors, memories and the pipeline."""
 
+import copy
 import importlib
 import math
 import threading
@@ -14,6 +15,7 @@ from grace.rng import SharedStreams, stable_hash
 from grace import sparse
 from grace.sparse import dense_empty, dense_zeros, desparsify, sparse_mean
 from grace.validation import ConfigError, NonFiniteError, PayloadError, num_kept
+from tests.helpers import same, state_tensors
 
 CORE = ["none", "fp16", "bf16", "topk", "randomk", "threshold"]
 
@@ -267,11 +269,11 @@ def test_state_replaced_on_recycled_buffers_keeps_earlier_snapshots(spec, memory
     for _ in range(2):
         pipe.step(torch.randn(n, generator=gen), "w")
     kept = pipe.state_dict()
-    expected = {key: value.clone() for key, value in flat_tensors(kept).items()}
-    assert any(t.numel() == n for t in expected.values())
+    before = copy.deepcopy(kept)
+    assert any(t.numel() == n for t in state_tensors(before))
     for _ in range(3):
         pipe.step(torch.randn(n, generator=gen), "w")
-    assert all(torch.equal(t, expected[key]) for key, t in flat_tensors(kept).items())
+    assert same(kept, before)
 
 
 @pytest.mark.parametrize("spec,memory", [("topk", "residual"), ("dgc", "dgc"),
@@ -283,20 +285,7 @@ def test_tensors_that_require_grad_are_exchanged_as_their_values(spec, memory):
     a, b = grace.build(spec, memory), grace.build(spec, memory)
     for _ in range(3):
         assert torch.equal(a.step(x * 2, "w"), b.step((x * 2).detach(), "w"))
-    assert not any(t.requires_grad for t in flat_tensors(a.state_dict()).values())
-
-
-def flat_tensors(state, prefix: str = "") -> dict[str, torch.Tensor]:
-    """The tensors of a nested state dict, by their path."""
-    if isinstance(state, torch.Tensor):
-        return {prefix: state}
-    if isinstance(state, dict):
-        return {k: t for key, value in state.items()
-                for k, t in flat_tensors(value, f"{prefix}/{key}").items()}
-    if isinstance(state, (list, tuple)):
-        return {k: t for i, value in enumerate(state)
-                for k, t in flat_tensors(value, f"{prefix}/{i}").items()}
-    return {}
+    assert not any(t.requires_grad for t in state_tensors(a.state_dict()))
 
 
 def test_recycled_buffers_are_never_lent_twice_across_threads(monkeypatch):

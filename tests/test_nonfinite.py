@@ -18,7 +18,7 @@ import grace
 from grace import NonFiniteError
 from grace.pipeline import snapshot
 from gracecomm.experiments.models import ReferenceCNN
-from tests.helpers import run_ranks
+from tests.helpers import run_ranks, same, state_tensors
 
 SHAPES = {"w": (16, 12), "b": (16,), "v": (300,)}
 LGC_OPTIONS = {"warmup_iters": 1, "ae_train_iters": 3}
@@ -35,16 +35,6 @@ def shapes(name: str) -> dict[str, tuple[int, ...]]:
     if name.startswith("lgc"):
         return {n: tuple(p.shape) for n, p in ReferenceCNN().named_parameters()}
     return SHAPES
-
-
-def same(a: Any, b: Any) -> bool:
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    return a == b
 
 
 @pytest.mark.parametrize("name", grace.available("compressor"))
@@ -124,18 +114,8 @@ def train(rank: int, method: str, bad_step: int | None, skip: bool) -> torch.Ten
         assert finite == (step != bad_step), (method, step)  # on every rank
         if finite:
             opt.step()
-    assert all(bool(torch.isfinite(t).all()) for t in tensors(pipe.state_dict())), method
+    assert all(bool(torch.isfinite(t).all()) for t in state_tensors(pipe.state_dict())), method
     return nn.utils.parameters_to_vector(model.parameters()).detach()
-
-
-def tensors(state: Any) -> list[torch.Tensor]:
-    if isinstance(state, torch.Tensor):
-        return [state]
-    if isinstance(state, dict):
-        return [t for v in state.values() for t in tensors(v)]
-    if isinstance(state, (list, tuple)):
-        return [t for v in state for t in tensors(v)]
-    return []
 
 
 def check_overflow_on_one_rank(rank: int, world_size: int) -> None:
@@ -186,7 +166,7 @@ def accuracy_with_scaler(rank: int, method: str, init_scale: float) -> tuple[flo
         scaler.update()
         skip = scaler.get_scale() < scale
         skipped, applied = skipped + skip, applied + (not skip)
-    assert all(bool(torch.isfinite(t).all()) for t in tensors(pipe.state_dict())), method
+    assert all(bool(torch.isfinite(t).all()) for t in state_tensors(pipe.state_dict())), method
     y = torch.randint(0, 4, (512,), generator=gen)
     x = centers[y] + torch.randn(512, 12, generator=gen)
     with torch.no_grad():
