@@ -284,7 +284,8 @@ class Grace(Stateful):
 def snapshot(state: Any) -> Any:
     """A copy of a nested state dict whose containers are new and whose tensors are the
     parts' own: valid as long as the parts replace their state tensors instead of writing
-    into them, which every part does (tests/test_properties.py checks it)."""
+    into them, which every part does (tests/test_nonfinite.py and tests/test_core.py
+    check it)."""
     if isinstance(state, Mapping):
         return {key: snapshot(value) for key, value in state.items()}
     if isinstance(state, (list, tuple)):

@@ -44,11 +44,10 @@ class _Recycler:
     per 4 KiB page; but each fault still has the kernel clear the page, and such sizes go
     back to the system when freed. Decompressing and aggregating allocate outputs of the
     same sizes every step, and memories replace their state, so the buffers of dropped
-    tensors are kept (up to
-    `RECYCLED_KEPT` bytes) and lent again. On the project's test machine, a 26M-element
-    float32 tensor, `gracecomm-bench 'methods=[topk,natural,signsgd]' sizes=[26214400]
-    ratios=[0.01] gradients=[] distributions=[laplace] peak_memory=false repeats=7
-    'columns=[method,decompress_s]'`:
+    tensors are kept (up to `RECYCLED_KEPT` bytes) and lent again. On the project's test
+    machine, a 26M-element float32 tensor, `gracecomm-bench
+    'methods=[topk,natural,signsgd]' sizes=[26214400] ratios=[0.01] gradients=[]
+    distributions=[laplace] peak_memory=false repeats=7 'columns=[method,decompress_s]'`:
     decompression took 5.5, 7.9 and 7.0 ms on fresh buffers, 2.3, 4.3 and 3.2 recycled.
 
     A buffer counts as dropped when the numpy view lent for it is collected: torch's tensor
