@@ -162,6 +162,17 @@ def desparsify(values: torch.Tensor, indices: torch.Tensor, info: TensorInfo) ->
     return out.view(info.shape)
 
 
+def subtract_sparse(t: torch.Tensor, values: torch.Tensor, indices: torch.Tensor,
+                    in_place: bool) -> torch.Tensor:
+    """``t - desparsify(values, indices)``, bit for bit (the indices are distinct, and a - b
+    is a + (-b)), as one index_add of the k values: into `t` itself (`in_place`) or into a
+    copy of it on a recycled buffer, instead of an n-element scatter and subtraction."""
+    check_sparse(values, indices, TensorInfo.of(t))
+    out = t if in_place else dense_empty_like(t).copy_(t)
+    out.view(-1).index_add_(0, indices, values, alpha=-1)
+    return out
+
+
 def sparse_mean(payloads: Sequence[Payload], info: TensorInfo) -> torch.Tensor:
     """Mean over ranks of sparse payloads, with one scatter-add of all ranks' pairs."""
     for values, indices in payloads:
@@ -175,8 +186,9 @@ def sparse_mean(payloads: Sequence[Payload], info: TensorInfo) -> torch.Tensor:
 
 class SparseSelection(ABC):
     """The sparse-selection protocol that every sparsifier implements (Random-k included):
-    the payload's first tensor holds the kept values and `kept_indices` their flat
-    positions. A wrapper that re-encodes a selection (DeepReduce's index and value codecs)
+    the payload's first tensor holds the kept values (a new tensor, never a view of the
+    input), `kept_indices` their distinct flat positions, and `decompress` scatters the one
+    at the other into zeros (error feedback subtracts them in place, `subtract_sparse`). A wrapper that re-encodes a selection (DeepReduce's index and value codecs)
     relies on this alone, and Compose's later stages on the first part of it (floating-point
     values first), so a new sparsifier needs no change to either."""
 

@@ -19,7 +19,7 @@ import torch
 from grace.compressor import Compressor, Payload
 from grace.memory import Memory
 from grace.registry import MEMORIES
-from grace.sparse import dense_empty_like
+from grace.sparse import SparseSelection, dense_empty_like, subtract_sparse
 from grace.validation import check_choice, check_range
 
 
@@ -33,6 +33,7 @@ class ResidualMemory(Memory):
         self.gamma = float(check_range(gamma, self.label, "gamma", 0.0))
         self.reference = check_choice(reference, ("own", "mean"), self.label, "reference")
         self.residuals: dict[str, torch.Tensor] = {}
+        self.lent: dict[str, torch.Tensor] = {}  # compensate's outputs, until their update
 
     @property
     def wants_mean(self) -> bool:
@@ -41,15 +42,28 @@ class ResidualMemory(Memory):
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         residual = self.residuals.get(name)
         if residual is None or residual.shape != tensor.shape:
-            return tensor if self.gamma == 1.0 else torch.mul(tensor, self.gamma,
-                                                              out=dense_empty_like(tensor))
-        out = dense_empty_like(tensor, torch.result_type(tensor, residual))
-        scaled = tensor if self.gamma == 1.0 else torch.mul(tensor, self.gamma, out=out)
-        return torch.add(scaled, residual, alpha=self.beta, out=out)
+            if self.gamma == 1.0:
+                return tensor
+            out = torch.mul(tensor, self.gamma, out=dense_empty_like(tensor))
+        else:
+            out = dense_empty_like(tensor, torch.result_type(tensor, residual))
+            scaled = tensor if self.gamma == 1.0 else torch.mul(tensor, self.gamma, out=out)
+            torch.add(scaled, residual, alpha=self.beta, out=out)
+        self.lent[name] = out
+        return out
 
     def update(self, tensor: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
-        if self.reference == "own":
+        """e = t - decompress(C(t)); for a sparse selection, t with the kept values
+        subtracted where they were taken, in place when t is this memory's own output of
+        `compensate` (same bits, without an n-element decompression)."""
+        own = self.lent.pop(name, None) is tensor
+        if self.reference != "own":
+            return
+        if isinstance(compressor, SparseSelection):
+            self.residuals[name] = subtract_sparse(
+                tensor, payload[0], compressor.kept_indices(payload, ctx), in_place=own)
+        else:
             self.residuals[name] = difference(tensor, compressor.decompress(payload, ctx))
 
     def update_mean(self, tensor: torch.Tensor, name: str, compressor: Compressor, ctx: Any,

@@ -130,6 +130,32 @@ def test_residual_beta_gamma():
     assert mem.compensate(t, "w").tolist() == [2.0 + 0.5 * 2.0, 6.0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("spec", ["topk", {"name": "randomk", "scale": "unbiased"},
+                                  {"name": "threshold", "threshold": 0.5}, "dgc", "sidco"])
+def test_residual_of_a_sparse_selection_is_its_decompressed_difference(spec, dtype):
+    """Error feedback after a sparse selection subtracts the kept values where they were
+    taken, in place on the memory's own buffer (or on a copy of a tensor it did not make):
+    bit for bit t - decompress(payload), signed zeros and huge values included."""
+    mem = registry.create("memory", "residual", beta=0.75)
+    comp = grace.build(spec, "residual").compressor
+    gen = torch.Generator().manual_seed(3)
+    for step in range(4):
+        g = torch.randn(4096, generator=gen).to(dtype)
+        g[::97] = -0.0
+        if step == 3:
+            g[[5, 6]] = min(torch.finfo(dtype).max / 4, 1e100)  # squares stay finite
+        before = g.clone()
+        t = mem.compensate(g, "w")
+        assert (t is g) == (step == 0)  # the first step lends no buffer: the update copies
+        payload, ctx = comp.compress(t, "w")
+        expected = t - comp.decompress(payload, ctx)
+        mem.update(t, "w", comp, payload, ctx)
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[g.element_size()]
+        assert torch.equal(mem.residuals["w"].view(bits), expected.view(bits))
+        assert torch.equal(g.view(bits), before.view(bits))  # the gradient untouched
+
+
 def test_checkpoint_state_is_weights_only_loadable(tmp_path):
     g = grace.build({"name": "randomk", "ratio": 0.5})
     for _ in range(3):
