@@ -237,7 +237,10 @@ def _collect(x: torch.Tensor, thr: float, expected: int | None
         kernels.fill(keys, lay.mask, lay.top, lo, span, offsets, raw, counts, written,
                      parallel)
         total = int(counts.sum())
-        positions, values = np.empty(total, np.int64), np.empty(total, keys.dtype)
+        # the results on recycled buffers too (`_staging`): a 5% selection of a 26M-element
+        # tensor took 2.8 reads of it on fresh arrays, 2.5 on these
+        positions = dense_empty(total, torch.int64, "cpu").numpy()
+        values = dense_empty(total, lay.int_dtype, "cpu").numpy()
         kernels.place(keys, lay.mask, lay.top, lo, span, offsets, raw, counts, written,
                       positions, values, parallel)
     return torch.from_numpy(positions), torch.from_numpy(values).view(x.dtype)
