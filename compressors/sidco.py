@@ -31,15 +31,13 @@ import torch
 from scipy import special
 
 from gracecomm.compressors.shared.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
-from gracecomm.compressors.shared.exceedance import (Moments, above, below, count_above,
-                                                     moments, rounded, select, select_values,
+from gracecomm.compressors.shared.exceedance import (Moments, Pool, above, below,
+                                                     count_above, moments, rounded, select,
                                                      top_k_of)
 from grace.registry import COMPRESSORS
 from grace.rng import stable_hash
 from grace.sparse import DEFAULT_RATIO
 from grace.validation import ConfigError, check_choice, check_range
-
-Pool = tuple[torch.Tensor, torch.Tensor]  # positions (ascending) and values of exceedances
 
 VARIANTS = {  # variant: (stage-1 model, model of the later stages)
     "sidco_e": ("exponential", "exponential"),
@@ -52,7 +50,7 @@ EXACT_BELOW = 64  # G6: exceedance sets smaller than this are resolved exactly
 SAMPLE_KEPT = 256  # stages: auto fits on a sample in which about this many are kept
 SAMPLE_MIN = 1 << 16  # ... and of at least this many elements (all of smaller tensors)
 COMPACT_FROM = 1 << 20  # the later stages of a tensor this large run on its exceedances ...
-COMPACT_BELOW = 16  # ... once fewer than 1/16 of its elements exceed the current threshold
+COMPACT_BELOW = 4  # ... once at most 1/4 of its elements exceed the current threshold
 
 
 # -- the models: quantile formulas and estimators -------------------------------------------
@@ -354,7 +352,8 @@ class SIDCo(ThresholdSparsifier):
         if pool is None:
             indices = select(x, eta, self.backend, expected=k)
         else:  # every element >= eta is in the pool
-            indices = pool[0].index_select(0, select(pool[1], eta, self.backend, expected=k))
+            pool.keep(eta)
+            indices = pool.indices()
         k_hat = indices.numel()
         self.observe(name, k_hat, k)
         fallback = None
@@ -397,12 +396,14 @@ class SIDCo(ThresholdSparsifier):
                   ) -> tuple[float, int, Selection | None, Pool | None]:
         """(eta, stages used, exact selection if a guard resolved the tensor exactly, the
         pool of exceedances the later stages ran on). Each later stage sums the exceedances
-        of the previous threshold: once fewer than 1/16 (`COMPACT_BELOW`) of a large tensor's
-        elements exceed it, they are collected (positions and values, one pass) and the
-        remaining stages and the final selection read only them, instead of a pass over the
-        whole tensor each (heavy tails take 8-10 stages at density 0.001). When the density
-        the threshold was fitted to keep is that small already, the collection replaces the
-        stage's pass over the tensor (its sums are taken over the pool)."""
+        of the previous threshold. Once at most 1/4 (`COMPACT_BELOW`) of a large tensor's
+        elements exceed it, they are collected into a `Pool` in one pass, and the remaining
+        stages and the final selection read only the pool, filtered in place whenever a
+        stage keeps at most 1/4 of it, instead of a pass over the whole tensor each (heavy
+        tails take 8-10 stages at density 0.001). When the density the threshold was
+        fitted to keep is that small already, the collection replaces the stage's pass over
+        the tensor (its sums are taken over the pool). A collection whose per-chunk slots
+        overflow (a chunk with over twice its share) is not tried again in the call."""
         d = x.numel()
         n = first.count if self.exclude_zeros else d
         density = min(1.0, self.ratio * d / n)  # G4: delta' over the nonzeros
@@ -411,18 +412,17 @@ class SIDCo(ThresholdSparsifier):
         t = self.first_threshold(x, Moments(n, first.s1, first.s2),
                                  density if single else delta1)
         if t is None:  # G4: degenerate gamma fit (constant magnitudes)
-            return math.nan, 1, exact_topk(x, k, "gamma", self.backend)
+            return math.nan, 1, exact_topk(x, k, "gamma", self.backend), None
         eta = rounded(t, x.dtype)
         if single:
             return eta, 1, None, None
         rho = (density / delta1) ** (1.0 / (stages - 1))
-        used, work, pool = 1, x, None
+        used, pool, tried = 1, None, False
         aim = delta1  # the density the current threshold was fitted to keep
         for m in range(2, stages + 1):
-            if pool is None and self.pools(d, aim * n):  # collect first, sum the pool
-                pool = select_values(x, eta, self.backend, round(aim * n))
-                work = pool[1]
-            exceed = moments(work, eta, self.backend)
+            if pool is None and not tried and self.pools(d, aim * n):  # collect, sum the pool
+                pool, tried = Pool.collect(x, eta, self.backend, round(aim * n)), True
+            exceed = moments(x, eta, self.backend) if pool is None else pool.moments(eta)
             if exceed.count <= k:  # G5/G6: keep eta
                 break
             if exceed.count < EXACT_BELOW:  # G6: exact inside the small exceedance set
@@ -430,9 +430,10 @@ class SIDCo(ThresholdSparsifier):
                 idx = top_k_of(x, idx, k, self.backend)
                 kth = float(x.index_select(0, idx).abs().min())
                 return kth, m, Selection(idx, kth, m, fallback="exact"), None
-            if pool is None and m < stages and self.pools(d, exceed.count):
-                pool = select_values(x, eta, self.backend, exceed.count)
-                work = pool[1]
+            if m < stages and pool is None and not tried and self.pools(d, exceed.count):
+                pool, tried = Pool.collect(x, eta, self.backend, exceed.count), True
+            elif m < stages and pool is not None and exceed.count * COMPACT_BELOW <= pool.count:
+                pool.keep(eta)
             if self.stage_ratio == "count_corrected":
                 rho = min(1.0, (k / exceed.count) ** (1.0 / (stages - m + 1)))
             eta = rounded(eta + self.tail_threshold(self.later_model, exceed, rho), x.dtype)

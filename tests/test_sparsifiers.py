@@ -255,6 +255,17 @@ def test_gamma_quantile_and_degenerate_shape_guard():
     assert rec["threshold"] > 0 and abs(rec["k_hat"] / rec["k"] - 1) <= 0.1
 
 
+@pytest.mark.parametrize("stages", [1, 3])
+def test_constant_magnitudes_fall_back_to_exact_topk_under_the_gamma_fit(stages):
+    """Equal magnitudes give the gamma fit no shape (s = 0): the exact top k, at any stage
+    count."""
+    x = torch.ones(20_000)
+    x[::3] = -1.0
+    comp = SIDCo(0.01, variant="sidco_gamma_gp", stages=stages, adapt={"rule": "off"})
+    payload, _ = comp.compress(x, "w")
+    assert torch.equal(payload[1].long(), torch.arange(200))
+
+
 # -- Sec. 7.8: guards and bad input ------------------------------------------------------------
 def test_guards():
     comp = SIDCo(0.01)
@@ -558,6 +569,36 @@ def test_signum_runs_the_optimizer_without_momentum():
     assert Need.OWNS_MOMENTUM in pipe.needs and pipe.needed_by(Need.OWNS_MOMENTUM) == \
         pipe.compressor.label
     assert Need.OWNS_MOMENTUM not in grace.build("signsgd").needs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pools_filter_in_place_as_selections_do(dtype):
+    """A pool of |x| >= t, summed and filtered in place at rising thresholds, holds what a
+    selection from the whole tensor holds (numba's slots and torch alike), and a pool whose
+    per-chunk slots overflow is refused rather than incomplete."""
+    x = draw("t3", 1 << 20, 2).to(dtype)
+    x[::5] = 0
+    x[7] = x[8] = 2.5  # ties at a threshold
+    before = torch.get_num_threads()
+    runs = [("torch", 1)] + ([("numba", 1), ("numba", 2)] if numba_available() else [])
+    try:
+        for backend, threads in runs:  # numba: chunks in this thread, or over numba's threads
+            torch.set_num_threads(threads)
+            pool = exceedance.Pool.collect(x, 1.0, backend, expected=int(0.35 * x.numel()))
+            assert (pool.slots is not None) == (backend == "numba")
+            for thr in (1.0, 1.7, 2.5, 6.0, 40.0):
+                if thr > 1.0:
+                    pool.keep(thr)
+                whole = exceedance.select(x, thr, "torch")
+                assert pool.count == whole.numel() and torch.equal(pool.indices(), whole)
+                for lo in (thr, thr * 1.5):
+                    a, b = pool.moments(lo), exceedance.moments(x, lo, "torch")
+                    assert a.count == b.count and a.s1 == pytest.approx(b.s1, rel=1e-12)
+                    assert a.s2 == pytest.approx(b.s2, rel=1e-12)
+    finally:
+        torch.set_num_threads(before)
+    if numba_available():
+        assert exceedance.Pool.collect(x, 1.0, "numba", expected=1000) is None
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])

@@ -126,7 +126,7 @@ def test_selections_from_two_threads_at_once():
         for i, (d, dtype) in enumerate([(300_001, torch.float32), (70_000, torch.float64),
                                         (500_000, torch.float32), (1_000, torch.float16)]):
             x = tensor("normal", d, dtype, seed + i)
-            out.append((x, *exceedance.select_values(x, 1.0 + seed / 10, "numba", 10)))
+            out.append((x, *exceedance._collect(x, 1.0 + seed / 10, 10)))
         return out
 
     before = torch.get_num_threads()

@@ -57,42 +57,48 @@ def _chunk_moments(y, lo):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _moments_chunk(x, lo, c, out):  # pragma: no cover - compiled
-    count, s1, s2 = _chunk_moments(x[c * CHUNK:min(x.size, (c + 1) * CHUNK)], lo)
+def _moments_chunk(x, lo, starts, stops, c, out):  # pragma: no cover - compiled
+    count, s1, s2 = _chunk_moments(x[starts[c]:stops[c]], lo)
     out[c, 0] = count
     out[c, 1] = s1
     out[c, 2] = s2
 
 
 @numba.njit(parallel=True, cache=True)
-def _moments_threads(x, lo, out):  # pragma: no cover - compiled
+def _moments_threads(x, lo, starts, stops, out):  # pragma: no cover - compiled
     for c in numba.prange(out.shape[0]):
-        _moments_chunk(x, lo, c, out)
+        _moments_chunk(x, lo, starts, stops, c, out)
 
 
 @numba.njit(cache=True)
-def moments(x, lo, parallel):  # pragma: no cover - compiled
-    """(count, sum, sum of squares) of |x| - lo over the elements with |x| > lo."""
-    out = np.zeros(((x.size + CHUNK - 1) // CHUNK, 3))
+def moments(x, lo, starts, stops, parallel):  # pragma: no cover - compiled
+    """(count, sum, sum of squares) of |x| - lo over the elements with |x| > lo among
+    x[starts[c]:stops[c]] for every c: the chunks of a tensor, or the filled part of the
+    slots of a pool."""
+    out = np.zeros((starts.size, 3))
     if parallel:
-        _moments_threads(x, lo, out)
+        _moments_threads(x, lo, starts, stops, out)
     else:
         for c in range(out.shape[0]):
-            _moments_chunk(x, lo, c, out)
+            _moments_chunk(x, lo, starts, stops, c, out)
     return int(out[:, 0].sum()), out[:, 1].sum(), out[:, 2].sum()
 
 
 # -- selection by magnitude keys -----------------------------------------------------------
 @intrinsic
-def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n, sparse):
+def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n, sparse,
+                    source):
     """Test the LANES keys of y[start:start + LANES] and append the hits' offsets (int32)
     and elements (y's bits) at position n of `offsets` and `raw`; returns n plus the number
-    of hits. With `sparse` (few hits expected) a block without hits skips the stores: a
-    predictable branch then, an unpredictable one at higher densities."""
-    sig = types.int64(y, start, mask, top, lo, span, offsets, raw, n, sparse)
+    of hits. The offsets are start + lane, or with a `source` array (not None) the
+    source's own entries at those places (filtering a slot in place, n <= start). With
+    `sparse` (few hits expected) a block without hits skips the stores: a predictable
+    branch then, an unpredictable one at higher densities."""
+    sig = types.int64(y, start, mask, top, lo, span, offsets, raw, n, sparse, source)
 
     def codegen(context, builder, signature, args):
-        y_arg, start_v, mask_v, top_v, lo_v, span_v, off_arg, raw_arg, n_v, sparse_v = args
+        (y_arg, start_v, mask_v, top_v, lo_v, span_v, off_arg, raw_arg, n_v, sparse_v,
+         source_arg) = args
         block = load_lanes(context, builder, signature.args[0], y_arg, start_v)
         vt = block.type
         key = builder.and_(block, splat(builder, mask_v, vt))
@@ -100,10 +106,13 @@ def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n, s
         key = builder.select(builder.icmp_unsigned(">", key, top_s), top_s, key)
         hits = builder.icmp_unsigned("<=", builder.sub(key, splat(builder, lo_v, vt)),
                                      splat(builder, span_v, vt))
-        i32 = ir.IntType(32)
-        iv = ir.VectorType(i32, LANES)
-        lane = ir.Constant(iv, [ir.Constant(i32, i) for i in range(LANES)])
-        where = builder.add(splat(builder, start_v, iv), lane)
+        if isinstance(signature.args[10], types.NoneType):
+            i32 = ir.IntType(32)
+            iv = ir.VectorType(i32, LANES)
+            lane = ir.Constant(iv, [ir.Constant(i32, i) for i in range(LANES)])
+            where = builder.add(splat(builder, start_v, iv), lane)
+        else:
+            where = load_lanes(context, builder, signature.args[10], source_arg, start_v)
         any_hit = builder.icmp_unsigned("!=", builder.bitcast(hits, ir.IntType(LANES)),
                                         ir.Constant(ir.IntType(LANES), 0))
         with builder.if_then(builder.or_(builder.not_(sparse_v), any_hit)):
@@ -144,7 +153,7 @@ def _chunk_collect(y, mask, top, lo, span, offsets, raw, sparse):  # pragma: no 
     s = 0
     while s < full and n <= room:  # room checked once per STRIDE elements
         for b in range(s, s + STRIDE, LANES):
-            n = _compress_block(y, b, mask, top, lo, span, offsets, raw, n, sparse)
+            n = _compress_block(y, b, mask, top, lo, span, offsets, raw, n, sparse, None)
         s += STRIDE
     written = n
     if s < full:  # out of room: count the rest
@@ -252,6 +261,47 @@ def collect(x, mask, top, lo, span, cap, limit, parallel):  # pragma: no cover -
     out_raw = np.empty(total, x.dtype)
     place(x, mask, top, lo, span, offsets, raw, counts, written, positions, out_raw, parallel)
     return total, positions, out_raw
+
+
+# -- pools: the slots `fill` wrote, filtered in place -----------------------------------------
+@numba.njit(cache=True)
+def _keep_slot(offsets, raw, mask, top, lo, span, count):  # pragma: no cover - compiled
+    """The first `count` entries of one slot reduced in place to the hits; their number."""
+    n = 0
+    full = count - count % LANES
+    for b in range(0, full, LANES):
+        n = _compress_block(raw, b, mask, top, lo, span, offsets, raw, n, False, offsets)
+    for i in range(full, count):
+        if np.uint64(_key(raw[i], mask, top) - lo) <= np.uint64(span):
+            offsets[n] = offsets[i]
+            raw[n] = raw[i]
+            n += 1
+    return n
+
+
+@numba.njit(cache=True)
+def _keep_chunk(offsets, raw, counts, mask, top, lo, span, c):  # pragma: no cover - compiled
+    width = offsets.size // counts.size
+    base = c * width
+    counts[c] = _keep_slot(offsets[base:base + width], raw[base:base + width], mask, top, lo,
+                           span, counts[c])
+
+
+@numba.njit(parallel=True, cache=True)
+def _keep_threads(offsets, raw, counts, mask, top, lo, span):  # pragma: no cover - compiled
+    for c in numba.prange(counts.size):
+        _keep_chunk(offsets, raw, counts, mask, top, lo, span, c)
+
+
+@numba.njit(cache=True)
+def keep(offsets, raw, counts, mask, top, lo, span, parallel):  # pragma: no cover - compiled
+    """Every slot of a pool (`fill`'s buffers, every entry written) reduced in place to
+    its hits, `counts` updated."""
+    if parallel:
+        _keep_threads(offsets, raw, counts, mask, top, lo, span)
+    else:
+        for c in range(counts.size):
+            _keep_chunk(offsets, raw, counts, mask, top, lo, span, c)
 
 
 RADIX = 12  # bits of key resolved per histogram round of `_kth_largest`

@@ -153,12 +153,20 @@ def moments(x: torch.Tensor, lo: float, backend: str = "auto") -> Moments:
     (NaN counts as an exceedance so that it reaches the sums)."""
     lo = rounded(lo, x.dtype)
     if use_numba(backend, x):
-        with threads(x) as parallel:
-            count, s1, s2 = _kernels().moments(x.numpy(), lo, parallel)
-        return Moments(int(count), float(s1), float(s2))
+        starts = np.arange(0, x.numel(), CHUNK)
+        return _numba_moments(x, x.numpy(), lo, starts, np.minimum(starts + CHUNK, x.numel()))
     a = x.abs()
     excess = a[~(a <= lo)].double() - lo
     return Moments(excess.numel(), float(excess.sum()), float(excess.square().sum()))
+
+
+def _numba_moments(x: torch.Tensor, values: np.ndarray, lo: float, starts: np.ndarray,
+                   stops: np.ndarray) -> Moments:
+    """`moments` over values[starts[c]:stops[c]] for every c, with the kernels (threads as
+    `x`, the tensor they come from, allows)."""
+    with threads(x) as parallel:
+        count, s1, s2 = _kernels().moments(values, lo, starts, stops, parallel)
+    return Moments(int(count), float(s1), float(s2))
 
 
 def count_above(x: torch.Tensor, thr: float, backend: str = "auto") -> int:
@@ -181,6 +189,7 @@ def magnitude_keys(x: torch.Tensor) -> torch.Tensor:
 
 
 _NUMPY_INT = {torch.float16: np.int16, torch.float32: np.int32, torch.float64: np.int64}
+_NUMPY_FLOAT = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _key_view(x: torch.Tensor) -> np.ndarray:
@@ -211,39 +220,116 @@ def select(x: torch.Tensor, thr: float, backend: str = "auto",
     return _collect(x, thr, expected)[0]
 
 
-def select_values(x: torch.Tensor, thr: float, backend: str = "auto",
-                  expected: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(`select`'s indices, x at them), in one pass with the numba kernel."""
-    if not use_numba(backend, x):
-        positions = torch.nonzero(x.abs() >= thr).view(-1)
-        return positions, x.index_select(0, positions)
-    return _collect(x, thr, expected)
-
-
 def _collect(x: torch.Tensor, thr: float, expected: int | None
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The numba kernel behind `select` and `select_values`."""
-    lo = threshold_key(thr, x.dtype)
-    if lo is None:
+    """The numba kernels behind `select`: `_fill`, then every hit at its place."""
+    slots = _fill(x, thr, expected)
+    if slots is None:
         return torch.empty(0, dtype=torch.int64), x[:0]
-    d, lay, kernels = x.numel(), layout(x), _kernels()
-    guess = d if expected is None else max(0, int(expected))
-    cap = min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)
-    chunks, keys = -(-d // CHUNK), _key_view(x)
-    offsets, raw = _staging(chunks * (cap + kernels.STRIDE), lay.int_dtype)
-    counts, written = np.zeros(chunks, np.int64), np.zeros(chunks, np.int64)
-    span = lay.inf - lo
-    with threads(x) as parallel:
-        kernels.fill(keys, lay.mask, lay.top, lo, span, offsets, raw, counts, written,
-                     parallel)
-        total = int(counts.sum())
+    return slots.place()
+
+
+@dataclass
+class _Slots:
+    """What `fill` wrote for tensor `x` and key range [lo, lo + span]: each chunk's hits
+    (int32 offsets in the chunk and raw elements) in its slot of `offsets` and `raw`,
+    their number in `counts`, and how many of them fit in the slot in `written`."""
+
+    x: torch.Tensor
+    lo: int
+    span: int
+    offsets: np.ndarray
+    raw: np.ndarray
+    counts: np.ndarray
+    written: np.ndarray
+
+    def place(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ascending int64 positions, elements) of the hits, the chunks whose slot
+        overflowed rescanned."""
+        x, lay = self.x, layout(self.x)
+        total = int(self.counts.sum())
         # the results on recycled buffers too (`_staging`): a 5% selection of a 26M-element
         # tensor took 2.8 reads of it on fresh arrays, 2.5 on these
         positions = dense_empty(total, torch.int64, "cpu").numpy()
         values = dense_empty(total, lay.int_dtype, "cpu").numpy()
-        kernels.place(keys, lay.mask, lay.top, lo, span, offsets, raw, counts, written,
-                      positions, values, parallel)
-    return torch.from_numpy(positions), torch.from_numpy(values).view(x.dtype)
+        with threads(x) as parallel:
+            _kernels().place(_key_view(x), lay.mask, lay.top, self.lo, self.span, self.offsets,
+                             self.raw, self.counts, self.written, positions, values, parallel)
+        return torch.from_numpy(positions), torch.from_numpy(values).view(x.dtype)
+
+
+def _fill(x: torch.Tensor, thr: float, expected: int | None) -> _Slots | None:
+    """`fill`'s first pass of a selection of |x| >= thr into per-chunk slots sized from
+    `expected`; None when nothing compares >= thr (NaN)."""
+    lo = threshold_key(thr, x.dtype)
+    if lo is None:
+        return None
+    d, lay, kernels = x.numel(), layout(x), _kernels()
+    guess = d if expected is None else max(0, int(expected))
+    cap = min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)
+    chunks = -(-d // CHUNK)
+    offsets, raw = _staging(chunks * (cap + kernels.STRIDE), lay.int_dtype)
+    counts, written = np.zeros(chunks, np.int64), np.zeros(chunks, np.int64)
+    with threads(x) as parallel:
+        kernels.fill(_key_view(x), lay.mask, lay.top, lo, lay.inf - lo, offsets, raw, counts,
+                     written, parallel)
+    return _Slots(x, lo, lay.inf - lo, offsets, raw, counts, written)
+
+
+class Pool:
+    """The elements of the working tensor `x` with |x| >= thr, for passes that read only
+    them (the later stages of SIDCo). With the numba kernels they stay in the slots
+    `_fill` wrote them to and are filtered there in place; their positions are written
+    once, by `indices`. With torch they are positions and values."""
+
+    def __init__(self, x: torch.Tensor, slots: _Slots | None = None,
+                 positions: torch.Tensor | None = None, values: torch.Tensor | None = None
+                 ) -> None:
+        self.x, self.slots, self.positions, self.values = x, slots, positions, values
+
+    @classmethod
+    def collect(cls, x: torch.Tensor, thr: float, backend: str = "auto",
+                expected: int | None = None) -> Pool | None:
+        """The pool of |x| >= thr (thr finite); None when a chunk held more than twice its
+        share of `expected` (the count that sizes the slots) and its slot overflowed."""
+        if not use_numba(backend, x):
+            positions = torch.nonzero(x.abs() >= thr).view(-1)
+            return cls(x, positions=positions, values=x.index_select(0, positions))
+        slots = _fill(x, thr, expected)
+        if slots is None or bool((slots.written < slots.counts).any()):
+            return None
+        return cls(x, slots=slots)
+
+    @property
+    def count(self) -> int:
+        return int(self.slots.counts.sum()) if self.slots is not None else self.values.numel()
+
+    def moments(self, lo: float) -> Moments:
+        """`moments` of the pooled elements (every element of x above lo is among them)."""
+        if self.slots is None:
+            return moments(self.values, lo, "torch")
+        slots = self.slots
+        starts = np.arange(slots.counts.size) * (slots.offsets.size // slots.counts.size)
+        return _numba_moments(self.x, slots.raw.view(_NUMPY_FLOAT[self.x.dtype]),
+                              rounded(lo, self.x.dtype), starts, starts + slots.counts)
+
+    def keep(self, thr: float) -> None:
+        """Drop the elements with |x| < thr (thr finite), in place."""
+        if self.slots is None:
+            kept = self.values.abs() >= thr
+            self.positions, self.values = self.positions[kept], self.values[kept]
+            return
+        slots, lay = self.slots, layout(self.x)
+        lo = threshold_key(thr, self.x.dtype)
+        slots.lo, slots.span = lo, lay.inf - lo
+        with threads(self.x) as parallel:
+            _kernels().keep(slots.offsets, slots.raw, slots.counts, lay.mask, lay.top, lo,
+                            slots.span, parallel)
+        slots.written = slots.counts
+
+    def indices(self) -> torch.Tensor:
+        """Flat int64 positions of the pooled elements in x, ascending."""
+        return self.positions if self.slots is None else self.slots.place()[0]
 
 
 def _staging(size: int, dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
