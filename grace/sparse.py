@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -44,7 +44,8 @@ class _Recycler:
     per 4 KiB page; but each fault still has the kernel clear the page, and such sizes go
     back to the system when freed. Decompressing and aggregating allocate outputs of the
     same sizes every step, and memories replace their state, so the buffers of dropped
-    tensors are kept (up to `RECYCLED_KEPT` bytes) and lent again. On the project's test
+    tensors are kept (up to `RECYCLED_KEPT` bytes, the least recently dropped given back to
+    the system first) and lent again. On the project's test
     machine, a 26M-element float32 tensor, `gracecomm-bench
     'methods=[topk,natural,signsgd]' sizes=[26214400] ratios=[0.01] gradients=[]
     distributions=[laplace] peak_memory=false repeats=7 'columns=[method,decompress_s]'`:
@@ -56,7 +57,7 @@ class _Recycler:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.free: dict[int, list[np.ndarray]] = {}
+        self.free: OrderedDict[int, np.ndarray] = OrderedDict()  # by id, oldest drop first
         self.kept = 0
         self.returned: deque[np.ndarray] = deque()  # appended by finalizers, any thread
 
@@ -65,11 +66,13 @@ class _Recycler:
         with self.lock:
             while self.returned:
                 base = self.returned.popleft()
-                if self.kept + base.nbytes <= RECYCLED_KEPT:
-                    self.free.setdefault(base.nbytes, []).append(base)
-                    self.kept += base.nbytes
-            base = self.free[nbytes].pop() if self.free.get(nbytes) else None
+                self.free[id(base)] = base
+                self.kept += base.nbytes
+            while self.kept > RECYCLED_KEPT:
+                self.kept -= self.free.popitem(last=False)[1].nbytes
+            base = next((b for b in reversed(self.free.values()) if b.nbytes == nbytes), None)
             if base is not None:
+                del self.free[id(base)]
                 self.kept -= nbytes
         if base is None:
             base = np.zeros(nbytes, np.uint8) if zeroed else np.empty(nbytes, np.uint8)
@@ -83,7 +86,7 @@ class _Recycler:
         """Drop every kept buffer (buffers lent now are kept again once dropped)."""
         with self.lock:
             self.returned.clear()
-            self.free, self.kept = {}, 0
+            self.free, self.kept = OrderedDict(), 0
 
 
 _RECYCLER = _Recycler()

@@ -252,6 +252,22 @@ def test_recycled_buffers_are_kept_up_to_the_cap(monkeypatch):
     assert recycler.kept == 0 and not recycler.free and not recycler.returned
 
 
+def test_recycled_buffers_over_the_cap_give_back_the_least_recently_dropped(monkeypatch):
+    """The sizes a run keeps dropping stay recycled: a buffer dropped long ago is given back
+    to the system to make room for newer ones, not the newer ones refused."""
+    recycler = sparse._Recycler()
+    monkeypatch.setattr(sparse, "_RECYCLER", recycler)
+    monkeypatch.setattr(sparse, "RECYCLED_KEPT", 2 * sparse.HUGE_PAGE_MIN)
+    n = sparse.HUGE_PAGE_MIN // 4
+    old = dense_empty(2 * n, torch.float32, "cpu")
+    del old
+    new = [dense_empty(n, torch.float32, "cpu") for _ in range(2)]
+    addresses = {t.data_ptr() for t in new}
+    del new
+    again = [dense_empty(n, torch.float32, "cpu") for _ in range(2)]
+    assert {t.data_ptr() for t in again} == addresses and recycler.kept == 0
+
+
 def test_shared_streams_are_stable():
     assert stable_hash(0, "w", 0) == stable_hash(0, "w", 0) != stable_hash(0, "w", 1)
     s = SharedStreams(5)
