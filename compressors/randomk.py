@@ -73,7 +73,7 @@ def random_subset(d: int, k: int, key: int, device: torch.device) -> torch.Tenso
 
 
 @COMPRESSORS.register("randomk")
-class RandomK(Compressor, SparseSelection):
+class RandomK(SparseSelection, Compressor):
     """Keep k = max(1, floor(ratio * d)) indices drawn uniformly without replacement from the
     counter generator keyed with H(seed, name, call count) (`random_subset`); indices
     ascend, and every rank draws the same ones.

@@ -79,20 +79,41 @@ class SignCompressor(Compressor):
             return self._sum(payloads, ctx).div_(len(payloads))
         return super().aggregate(payloads, ctx)
 
-    def _sum(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
-        """The sum of the payloads' decompressions in rank order (with the kernels, decoded
-        into one sum a block at a time)."""
+    def subtract_decompressed(self, t: torch.Tensor, payload: Payload, ctx: TensorInfo,
+                              in_place: bool = False) -> torch.Tensor:
+        """With the kernels (float32): t plus the negated decoded values, in one pass over
+        t (into t itself with `in_place`: the payload holds no view of it): a - b is
+        a + (-b), so the same bits as t - decompress."""
+        if ctx.dtype != torch.float32 or not kernels_enabled(t.device):
+            return super().subtract_decompressed(t, payload, ctx, in_place)
+        from gracecomm.compressors.shared.kernels import signs_sum
+
+        lows, highs = self._levels([payload], ctx)
+        out = t if in_place else dense_empty_like(t).copy_(t)
+        signs_sum((payload[0].numpy(),), (-lows).numpy(), (-highs).numpy(),
+                  out.view(-1).numpy(), accumulate=True)
+        return out
+
+    def _levels(self, payloads: Sequence[Payload], ctx: TensorInfo
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each payload checked, and the values its set and clear sign bits decode to."""
         for payload in payloads:
             self.check(payload, ctx)
         empty = payloads[0][0].new_empty(0, dtype=torch.float32)
         lows, highs = torch.stack([self.values(p[1] if self.num_scales else empty)
                                    for p in payloads]).T
+        return lows.contiguous(), highs.contiguous()
+
+    def _sum(self, payloads: Sequence[Payload], ctx: TensorInfo) -> torch.Tensor:
+        """The sum of the payloads' decompressions in rank order (with the kernels, decoded
+        into one sum a block at a time)."""
+        lows, highs = self._levels(payloads, ctx)
         if ctx.dtype == torch.float32 and kernels_enabled(payloads[0][0].device):
             from gracecomm.compressors.shared.kernels import signs_sum
 
             out = dense_empty(ctx.numel, torch.float32, "cpu")
-            signs_sum(tuple(p[0].numpy() for p in payloads), lows.contiguous().numpy(),
-                      highs.contiguous().numpy(), out.numpy())
+            signs_sum(tuple(p[0].numpy() for p in payloads), lows.numpy(), highs.numpy(),
+                      out.numpy())
             return out.view(ctx.shape)
         total = None
         for payload, low, high in zip(payloads, lows.tolist(), highs.tolist()):

@@ -157,6 +157,19 @@ class Compressor(Stateful, ABC):
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         """Rebuild a dense tensor of the original shape and dtype from `payload`."""
 
+    def subtract_decompressed(self, t: torch.Tensor, payload: Payload, ctx: Any,
+                              in_place: bool = False) -> torch.Tensor:
+        """``t - decompress(payload, ctx)``, error feedback's update, as a new tensor (a
+        recycled buffer when large). `in_place` says the caller owns `t`: a method whose
+        payload and ctx never view their input may then write the result into `t`, and
+        one with a cheaper form of the same bits overrides this (a sparse selection
+        subtracts its k values where they were taken; the sign methods decode and
+        subtract in one pass). Here the payload or ctx may still view `t`, so it is kept."""
+        from grace.sparse import dense_empty_like  # grace.sparse builds on this module
+
+        d = self.decompress(payload, ctx)
+        return torch.sub(t, d, out=dense_empty_like(t, torch.result_type(t, d)))
+
     def compress_rounds(self, named: Sequence[tuple[str, torch.Tensor]], link: Link
                         ) -> Generator[Works, None, list[tuple[Payload, Any]]]:
         """Compress the tensors of one exchange (one DDP bucket): (payload, ctx) each. By

@@ -191,7 +191,9 @@ class SparseSelection(ABC):
     """The sparse-selection protocol that every sparsifier implements (Random-k included):
     the payload's first tensor holds the kept values (a new tensor, never a view of the
     input), `kept_indices` their distinct flat positions, and `decompress` scatters the one
-    at the other into zeros (error feedback subtracts them in place, `subtract_sparse`). A wrapper that re-encodes a selection (DeepReduce's index and value codecs)
+    at the other into zeros (so error feedback subtracts them where they were taken). It
+    comes before `Compressor` among a class's bases, so that its `subtract_decompressed`
+    is the one used. A wrapper that re-encodes a selection (DeepReduce's index and value codecs)
     relies on this alone, and Compose's later stages on the first part of it (floating-point
     values first), so a new sparsifier needs no change to either."""
 
@@ -199,8 +201,13 @@ class SparseSelection(ABC):
     def kept_indices(self, payload: Payload, ctx: Any) -> torch.Tensor:
         """Flat positions (int32/int64) of the values in ``payload[0]``."""
 
+    def subtract_decompressed(self, t: torch.Tensor, payload: Payload, ctx: Any,
+                              in_place: bool = False) -> torch.Tensor:
+        """`Compressor.subtract_decompressed` as one index_add of the k kept values."""
+        return subtract_sparse(t, payload[0], self.kept_indices(payload, ctx), in_place)
 
-class Sparsifier(Compressor, SparseSelection):
+
+class Sparsifier(SparseSelection, Compressor):
     """Base of the compressors that send ``(values, indices)``: Top-k, threshold, DGC,
     SIDCo and the threshold baselines. Subclasses implement `select`; this class builds the
     payload, decompresses with one scatter, aggregates all ranks with one scatter-add and

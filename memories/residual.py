@@ -19,7 +19,7 @@ import torch
 from grace.compressor import Compressor, Payload
 from grace.memory import Memory
 from grace.registry import MEMORIES
-from grace.sparse import SparseSelection, dense_empty_like, subtract_sparse
+from grace.sparse import dense_empty_like
 from grace.validation import check_choice, check_range
 
 
@@ -54,17 +54,11 @@ class ResidualMemory(Memory):
 
     def update(self, tensor: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
-        """e = t - decompress(C(t)); for a sparse selection, t with the kept values
-        subtracted where they were taken, in place when t is this memory's own output of
-        `compensate` (same bits, without an n-element decompression)."""
+        """e = t - decompress(C(t)) (`Compressor.subtract_decompressed`), in place when t
+        is this memory's own output of `compensate`."""
         own = self.lent.pop(name, None) is tensor
-        if self.reference != "own":
-            return
-        if isinstance(compressor, SparseSelection):
-            self.residuals[name] = subtract_sparse(
-                tensor, payload[0], compressor.kept_indices(payload, ctx), in_place=own)
-        else:
-            self.residuals[name] = difference(tensor, compressor.decompress(payload, ctx))
+        if self.reference == "own":
+            self.residuals[name] = compressor.subtract_decompressed(tensor, payload, ctx, own)
 
     def update_mean(self, tensor: torch.Tensor, name: str, compressor: Compressor, ctx: Any,
                     mean: torch.Tensor) -> None:
