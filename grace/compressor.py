@@ -165,10 +165,9 @@ class Compressor(Stateful, ABC):
         one with a cheaper form of the same bits overrides this (a sparse selection
         subtracts its k values where they were taken; the sign methods decode and
         subtract in one pass). Here the payload or ctx may still view `t`, so it is kept."""
-        from grace.sparse import dense_empty_like  # grace.sparse builds on this module
+        from grace.sparse import difference  # grace.sparse builds on this module
 
-        d = self.decompress(payload, ctx)
-        return torch.sub(t, d, out=dense_empty_like(t, torch.result_type(t, d)))
+        return difference(t, self.decompress(payload, ctx))
 
     def compress_rounds(self, named: Sequence[tuple[str, torch.Tensor]], link: Link
                         ) -> Generator[Works, None, list[tuple[Payload, Any]]]:

@@ -119,6 +119,11 @@ def dense_empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch
     return dense_empty(t.numel(), dtype or t.dtype, t.device).view(t.shape)
 
 
+def difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a - b as a new tensor, on a recycled buffer when large (`dense_empty`)."""
+    return torch.sub(a, b, out=dense_empty_like(a, torch.result_type(a, b)))
+
+
 def dense_zeros(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """A zero 1-D tensor for a decompressed output, from the same buffers as `dense_empty`:
     a fresh one zeroed by the kernel (calloc), a recycled one by memset."""

@@ -19,7 +19,7 @@ import torch
 from grace.compressor import Compressor, Payload
 from grace.memory import Memory
 from grace.registry import MEMORIES
-from grace.sparse import dense_empty_like
+from grace.sparse import dense_empty_like, difference
 from grace.validation import check_choice, check_range
 
 
@@ -64,9 +64,4 @@ class ResidualMemory(Memory):
                     mean: torch.Tensor) -> None:
         if compressor.feeds_back(ctx):
             self.residuals[name] = difference(tensor, mean)
-
-
-def difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a - b as a new tensor, on a recycled buffer when large (`grace.sparse.dense_empty`)."""
-    return torch.sub(a, b, out=dense_empty_like(a, torch.result_type(a, b)))
 
