@@ -231,13 +231,13 @@ def _collect(x: torch.Tensor, thr: float, expected: int | None
 
 @dataclass
 class _Slots:
-    """What `fill` wrote for tensor `x` and key range [lo, lo + span]: each chunk's hits
-    (int32 offsets in the chunk and raw elements) in its slot of `offsets` and `raw`,
-    their number in `counts`, and how many of them fit in the slot in `written`."""
+    """What `fill` wrote for tensor `x` and the keys from `lo` to Inf's (NaN's excluded):
+    each chunk's hits (int32 offsets in the chunk and raw elements) in its slot of
+    `offsets` and `raw`, their number in `counts`, and how many of them fit in the slot in
+    `written`."""
 
     x: torch.Tensor
     lo: int
-    span: int
     offsets: np.ndarray
     raw: np.ndarray
     counts: np.ndarray
@@ -253,8 +253,9 @@ class _Slots:
         positions = dense_empty(total, torch.int64, "cpu").numpy()
         values = dense_empty(total, lay.int_dtype, "cpu").numpy()
         with threads(x) as parallel:
-            _kernels().place(_key_view(x), lay.mask, lay.top, self.lo, self.span, self.offsets,
-                             self.raw, self.counts, self.written, positions, values, parallel)
+            _kernels().place(_key_view(x), lay.mask, lay.top, self.lo, lay.inf - self.lo,
+                             self.offsets, self.raw, self.counts, self.written, positions,
+                             values, parallel)
         return torch.from_numpy(positions), torch.from_numpy(values).view(x.dtype)
 
 
@@ -273,7 +274,7 @@ def _fill(x: torch.Tensor, thr: float, expected: int | None) -> _Slots | None:
     with threads(x) as parallel:
         kernels.fill(_key_view(x), lay.mask, lay.top, lo, lay.inf - lo, offsets, raw, counts,
                      written, parallel)
-    return _Slots(x, lo, lay.inf - lo, offsets, raw, counts, written)
+    return _Slots(x, lo, offsets, raw, counts, written)
 
 
 class Pool:
@@ -320,11 +321,10 @@ class Pool:
             self.positions, self.values = self.positions[kept], self.values[kept]
             return
         slots, lay = self.slots, layout(self.x)
-        lo = threshold_key(thr, self.x.dtype)
-        slots.lo, slots.span = lo, lay.inf - lo
+        slots.lo = lo = threshold_key(thr, self.x.dtype)
         with threads(self.x) as parallel:
             _kernels().keep(slots.offsets, slots.raw, slots.counts, lay.mask, lay.top, lo,
-                            slots.span, parallel)
+                            lay.inf - lo, parallel)
         slots.written = slots.counts
 
     def indices(self) -> torch.Tensor:
