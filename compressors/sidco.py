@@ -351,11 +351,7 @@ class SIDCo(ThresholdSparsifier):
             return exact
         if not (math.isfinite(eta) and eta > 0.0):  # G7: degenerate fit
             return exact_topk(x, k, "degenerate", self.backend)
-        if pool is None:
-            indices = select(x, eta, self.backend, expected=k)
-        else:  # every element >= eta is in the pool
-            pool.keep(eta)
-            indices = pool.indices()
+        indices = self.select_from(x, eta, pool, k)
         k_hat = indices.numel()
         self.observe(name, k_hat, k)
         fallback = None
@@ -429,7 +425,7 @@ class SIDCo(ThresholdSparsifier):
             if exceed.count <= k:  # G5/G6: keep eta
                 break
             if exceed.count < EXACT_BELOW:  # G6: exact inside the small exceedance set
-                idx = select(x, above(eta, x.dtype), self.backend, exceed.count)
+                idx = self.select_from(x, above(eta, x.dtype), pool, exceed.count)
                 idx = top_k_of(x, idx, k, self.backend)
                 kth = float(x.index_select(0, idx).abs().min())
                 return kth, m, Selection(idx, kth, m, fallback="exact"), None
@@ -443,6 +439,16 @@ class SIDCo(ThresholdSparsifier):
             eta = rounded(eta + self.tail_threshold(self.later_model, exceed, rho), x.dtype)
             used, aim = m, aim * rho
         return eta, used, None, pool
+
+    def select_from(self, x: torch.Tensor, thr: float, pool: Pool | None,
+                    expected: int) -> torch.Tensor:
+        """Flat indices of |x| >= thr, ascending: from the pool where there is one (thr is
+        at least the threshold it was collected at, so it holds them all), else by a pass
+        over x."""
+        if pool is None:
+            return select(x, thr, self.backend, expected)
+        pool.keep(thr)
+        return pool.indices()
 
     @staticmethod
     def pools(d: int, count: float, passes: int) -> bool:

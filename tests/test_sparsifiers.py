@@ -571,6 +571,36 @@ def test_signum_runs_the_optimizer_without_momentum():
     assert Need.OWNS_MOMENTUM not in grace.build("signsgd").needs
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_exact_guard_inside_a_pool_selects_as_over_the_tensor(backend, monkeypatch):
+    """Guard G6 (few exceedances: exact top k among them) takes them from the pool when the
+    later stages run on one: the same selection as a pass over the whole tensor."""
+    if backend == "numba":
+        pytest.importorskip("numba")
+    import gracecomm.compressors.sidco as sidco
+    torch.manual_seed(0)
+    x = torch.distributions.StudentT(3.0).sample((1 << 21,)) * 1e-3
+    monkeypatch.setattr(sidco, "EXACT_BELOW", 20_000)  # fires a few stages in
+    pooled_calls = []
+    select_from = SIDCo.select_from
+
+    def spy(self, x, thr, pool, expected):
+        pooled_calls.append(pool is not None)
+        return select_from(self, x, thr, pool, expected)
+
+    monkeypatch.setattr(SIDCo, "select_from", spy)
+    results = []
+    for compact_from in (1 << 20, 1 << 62):
+        monkeypatch.setattr(sidco, "COMPACT_FROM", compact_from)
+        comp = SIDCo(ratio=0.001, backend=backend, stages=8, adapt={"rule": "off"})
+        eta, used, exact, _ = comp.threshold(x, sidco.moments(x, 0.0, backend), 2097, 8)
+        assert exact is not None and exact.fallback == "exact" and used > 2
+        results.append((eta, exact.indices))
+    assert pooled_calls == [True, False]
+    (eta_pooled, pooled), (eta_whole, whole) = results
+    assert eta_pooled == eta_whole and torch.equal(pooled, whole) and pooled.numel() == 2097
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_pools_filter_in_place_as_selections_do(dtype):
     """A pool of |x| >= t, summed and filtered in place at rising thresholds, holds what a
