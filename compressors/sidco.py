@@ -107,16 +107,6 @@ def fit_gamma(count: int, s1: float, log_sum: float, newton: int = 0) -> tuple[f
     return alpha, mean / alpha
 
 
-def log_magnitude_sum(x: torch.Tensor) -> float:
-    """Sum of ln|x| over the nonzeros (zeros count as ln 1 = 0), in chunks of 2^20 elements
-    summed in the tensor's precision and accumulated in float64 (no full-size temporary)."""
-    total = 0.0
-    for chunk in x.split(1 << 20):
-        a = chunk.abs()
-        total += float(a.masked_fill_(a == 0, 1.0).log_().sum())
-    return total
-
-
 def stage_bound(ratio: float, first_stage_ratio: float) -> int:
     """M_max = ceil(log2(1/delta)), 1 when delta >= delta_1 (this library's bound on the
     stages of Sec. 2.4)."""
@@ -332,7 +322,7 @@ class SIDCo(ThresholdSparsifier):
     def estimate(self, x: torch.Tensor, k: int, name: str) -> Selection:
         self.step_boundary(name)
         d = x.numel()
-        first = moments(x, 0.0, self.backend)
+        first = moments(x, 0.0, self.backend, logs=self.first_model == "gamma")
         if not first.finite:  # G1 (a NaN/Inf makes the sums non-finite)
             return self.nonfinite_input(x, name)
         if first.count == 0:  # G2
@@ -375,7 +365,7 @@ class SIDCo(ThresholdSparsifier):
         if s < d:
             gen = torch.Generator().manual_seed(stable_hash("sidco", name))
             x = x.index_select(0, torch.randint(0, d, (s,), generator=gen).to(x.device))
-        first = moments(x, 0.0, self.backend)
+        first = moments(x, 0.0, self.backend, logs=self.first_model == "gamma")
         want = self.ratio * s
         if first.count <= want:
             return 1
@@ -407,7 +397,7 @@ class SIDCo(ThresholdSparsifier):
         density = min(1.0, self.ratio * d / n)  # G4: delta' over the nonzeros
         delta1 = self.first_stage_ratio
         single = stages == 1 or density >= delta1
-        t = self.first_threshold(x, Moments(n, first.s1, first.s2),
+        t = self.first_threshold(Moments(n, first.s1, first.s2, first.log_sum),
                                  density if single else delta1)
         if t is None:  # G4: degenerate gamma fit (constant magnitudes)
             return math.nan, 1, exact_topk(x, k, "gamma", self.backend), None
@@ -460,12 +450,12 @@ class SIDCo(ThresholdSparsifier):
         return (d >= COMPACT_FROM and passes > 0
                 and count * POOL_SHARE <= d * min(passes, POOL_PASSES))
 
-    def first_threshold(self, x: torch.Tensor, m: Moments, rho: float) -> float | None:
-        """Stage 1: the first model fitted to all (nonzero) magnitudes; None when the gamma
-        fit degenerates (s <= 1e-12)."""
+    def first_threshold(self, m: Moments, rho: float) -> float | None:
+        """Stage 1: the first model fitted to all (nonzero) magnitudes (for gamma, `m` holds
+        the sum of their logarithms); None when the gamma fit degenerates (s <= 1e-12)."""
         if self.first_model != "gamma":
             return self.tail_threshold(self.first_model, m, rho)
-        params = fit_gamma(m.count, m.s1, log_magnitude_sum(x), self.gamma_newton)
+        params = fit_gamma(m.count, m.s1, m.log_sum, self.gamma_newton)
         return None if params is None else gamma_quantile(*params, rho, self.gamma_quantile)
 
     def tail_threshold(self, model: str, m: Moments, rho: float) -> float:

@@ -4,8 +4,9 @@ GaussianKSGD).
 Three operations, each about one read of the tensor:
 
 - `moments(x, lo)`: the count of the exceedances |x| > lo and the sums of (|x| - lo) and
-  (|x| - lo)^2 over them (float64 accumulation). With lo = 0 these are the nonzeros; a NaN or
-  Inf anywhere makes the sums non-finite, which is how callers detect bad input for free.
+  (|x| - lo)^2 over them (float64 accumulation), optionally the sum of ln|x| as well. With
+  lo = 0 these are the nonzeros; a NaN or Inf anywhere makes the sums non-finite, which is
+  how callers detect bad input for free.
 - `select(x, thr, expected)`: the flat indices of |x| >= thr in increasing order.
 - `top_k(x, k)`: the flat indices of the k largest |x| in increasing order, exact: the kept
   magnitudes are those of ``torch.topk(|x|, k)`` (NaN above Inf, as torch orders them), and
@@ -77,11 +78,13 @@ KEYS = {torch.float16: KeyLayout(torch.int16, 0x7FFF, 0x7C00),
 
 @dataclass(frozen=True)
 class Moments:
-    """Exceedances |x| > lo: their number and the sums of (|x| - lo) and (|x| - lo)^2."""
+    """Exceedances |x| > lo: their number, the sums of (|x| - lo) and (|x| - lo)^2, and the
+    sum of ln|x| over them where it was asked for (the gamma fits of SIDCo; None otherwise)."""
 
     count: int
     s1: float
     s2: float
+    log_sum: float | None = None
 
     @property
     def finite(self) -> bool:
@@ -148,25 +151,31 @@ def threads(x: torch.Tensor) -> Iterator[bool]:
         yield True
 
 
-def moments(x: torch.Tensor, lo: float, backend: str = "auto") -> Moments:
+def moments(x: torch.Tensor, lo: float, backend: str = "auto", logs: bool = False) -> Moments:
     """Count and first two sums of the exceedances |x| > lo of the working tensor `x`
-    (NaN counts as an exceedance so that it reaches the sums)."""
+    (NaN counts as an exceedance so that it reaches the sums), and with `logs` the sum of
+    ln|x| over them, in the same pass and in float64 (non-finite with the sums)."""
     lo = rounded(lo, x.dtype)
     if use_numba(backend, x):
         starts = np.arange(0, x.numel(), CHUNK)
-        return _numba_moments(x, x.numpy(), lo, starts, np.minimum(starts + CHUNK, x.numel()))
+        return _numba_moments(x, x.numpy(), lo, starts, np.minimum(starts + CHUNK, x.numel()),
+                              logs)
     a = x.abs()
-    excess = a[~(a <= lo)].double() - lo
-    return Moments(excess.numel(), float(excess.sum()), float(excess.square().sum()))
+    kept = a[~(a <= lo)].double()
+    excess = kept - lo
+    return Moments(excess.numel(), float(excess.sum()), float(excess.square().sum()),
+                   float(kept.log().sum()) if logs else None)
 
 
 def _numba_moments(x: torch.Tensor, values: np.ndarray, lo: float, starts: np.ndarray,
-                   stops: np.ndarray) -> Moments:
+                   stops: np.ndarray, logs: bool = False) -> Moments:
     """`moments` over values[starts[c]:stops[c]] for every c, with the kernels (threads as
     `x`, the tensor they come from, allows)."""
     with threads(x) as parallel:
-        count, s1, s2 = _kernels().moments(values, lo, starts, stops, parallel)
-    return Moments(int(count), float(s1), float(s2))
+        count, s1, s2, log_sum = _kernels().moments(values, lo, starts, stops, parallel, logs)
+    if not np.isfinite(s1):  # the kernel's logarithm assumes finite input
+        log_sum = s1
+    return Moments(int(count), float(s1), float(s2), float(log_sum) if logs else None)
 
 
 def count_above(x: torch.Tensor, thr: float, backend: str = "auto") -> int:
