@@ -52,7 +52,6 @@ SAMPLE_MIN = 1 << 16  # ... and of at least this many elements (all of smaller t
 COMPACT_FROM = 1 << 20  # the later stages of a tensor this large run on its exceedances ...
 POOL_SHARE = 16  # ... pooled once at most 1/16 of its elements per pass the pool saves ...
 POOL_PASSES = 4  # ... exceed the current threshold (passes counted up to 4: at most 1/4)
-FILTER_BELOW = 4  # a stage that keeps at most 1/4 of the pool filters it
 
 
 # -- the models: quantile formulas and estimators -------------------------------------------
@@ -386,12 +385,12 @@ class SIDCo(ThresholdSparsifier):
         pool of exceedances the later stages ran on). Each later stage sums the exceedances
         of the previous threshold. Once few enough of a large tensor's elements exceed it
         (`pools`), they are collected into a `Pool` in one pass, and the remaining stages
-        and the final selection read only the pool, filtered in place whenever a stage keeps
-        at most 1/4 of it, instead of a pass over the whole tensor each (heavy tails take
-        8-10 stages at density 0.001). When the density the threshold was
-        fitted to keep is that small already, the collection replaces the stage's pass over
-        the tensor (its sums are taken over the pool). A collection whose per-chunk slots
-        overflow (a chunk with over twice its share) is not tried again in the call."""
+        and the final selection read only the pool instead of the whole tensor (heavy tails
+        take 8-10 stages at density 0.001): each stage filters the pool in place to its
+        exceedances and sums them as it goes. When the density the threshold was fitted to
+        keep is that small already, the collection replaces the stage's pass over the
+        tensor and sums what it collects. A collection whose per-chunk slots overflow (a
+        chunk with over twice its share) is not tried again in the call."""
         d = x.numel()
         n = first.count if self.exclude_zeros else d
         density = min(1.0, self.ratio * d / n)  # G4: delta' over the nonzeros
@@ -409,9 +408,13 @@ class SIDCo(ThresholdSparsifier):
         aim = delta1  # the density the current threshold was fitted to keep
         for m in range(2, stages + 1):
             if pool is None and not tried and self.pools(d, aim * n, stages - m + 2):
-                # collect first, sum the pool
-                pool, tried = Pool.collect(x, eta, self.backend, round(aim * n)), True
-            exceed = moments(x, eta, self.backend) if pool is None else pool.moments(eta)
+                # collect first, summing what is collected
+                pool, tried = Pool.collect(x, eta, self.backend, round(aim * n), eta), True
+                exceed = pool.sums if pool is not None else moments(x, eta, self.backend)
+            elif pool is None:
+                exceed = moments(x, eta, self.backend)
+            else:  # the pool, filtered to this stage's exceedances as they are summed
+                exceed = pool.keep(above(eta, x.dtype), eta)
             if exceed.count <= k:  # G5/G6: keep eta
                 break
             if exceed.count < EXACT_BELOW:  # G6: exact inside the small exceedance set
@@ -422,8 +425,6 @@ class SIDCo(ThresholdSparsifier):
             if m < stages and pool is None and not tried and self.pools(d, exceed.count,
                                                                         stages - m + 1):
                 pool, tried = Pool.collect(x, eta, self.backend, exceed.count), True
-            elif m < stages and pool is not None and exceed.count * FILTER_BELOW <= pool.count:
-                pool.keep(eta)
             if self.stage_ratio == "count_corrected":
                 rho = min(1.0, (k / exceed.count) ** (1.0 / (stages - m + 1)))
             eta = rounded(eta + self.tail_threshold(self.later_model, exceed, rho), x.dtype)

@@ -640,28 +640,35 @@ def test_exact_guard_inside_a_pool_selects_as_over_the_tensor(backend, monkeypat
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_pools_filter_in_place_as_selections_do(dtype):
-    """A pool of |x| >= t, summed and filtered in place at rising thresholds, holds what a
-    selection from the whole tensor holds (numba's slots and torch alike), and a pool whose
+    """A pool of |x| >= t, filtered in place at rising thresholds, holds what a selection
+    from the whole tensor holds, and the moments it takes as it collects and filters are
+    those of a pass over the whole tensor (numba's slots and torch alike); a pool whose
     per-chunk slots overflow is refused rather than incomplete."""
     x = draw("t3", 1 << 20, 2).to(dtype)
     x[::5] = 0
     x[7] = x[8] = 2.5  # ties at a threshold
     before = torch.get_num_threads()
     runs = [("torch", 1)] + ([("numba", 1), ("numba", 2)] if numba_available() else [])
+
+    def same(a, b):
+        return a.count == b.count and a.s1 == pytest.approx(b.s1, rel=1e-12) and \
+            a.s2 == pytest.approx(b.s2, rel=1e-12)
+
     try:
         for backend, threads in runs:  # numba: chunks in this thread, or over numba's threads
             torch.set_num_threads(threads)
-            pool = exceedance.Pool.collect(x, 1.0, backend, expected=int(0.35 * x.numel()))
-            assert (pool.slots is not None) == (backend == "numba")
+            for sums_over in (1.0, 1.3):
+                pool = exceedance.Pool.collect(x, 1.0, backend, int(0.35 * x.numel()), sums_over)
+                assert (pool.slots is not None) == (backend == "numba")
+                assert same(pool.sums, exceedance.moments(x, sums_over, "torch")), backend
             for thr in (1.0, 1.7, 2.5, 6.0, 40.0):
                 if thr > 1.0:
-                    pool.keep(thr)
+                    for lo in (thr, thr * 1.5):
+                        sums = pool.keep(thr, lo)
+                        assert sums is pool.sums and same(sums, exceedance.moments(x, lo, "torch"))
+                assert pool.keep(thr) is None
                 whole = exceedance.select(x, thr, "torch")
                 assert pool.count == whole.numel() and torch.equal(pool.indices(), whole)
-                for lo in (thr, thr * 1.5):
-                    a, b = pool.moments(lo), exceedance.moments(x, lo, "torch")
-                    assert a.count == b.count and a.s1 == pytest.approx(b.s1, rel=1e-12)
-                    assert a.s2 == pytest.approx(b.s2, rel=1e-12)
     finally:
         torch.set_num_threads(before)
     if numba_available():

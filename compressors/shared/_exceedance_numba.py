@@ -112,30 +112,29 @@ def _chunk_log_sum(y, lo):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _moments_chunk(x, lo, starts, stops, c, out):  # pragma: no cover - compiled
-    chunk = x[starts[c]:stops[c]]
+def _moments_chunk(x, lo, c, out):  # pragma: no cover - compiled
+    chunk = x[c * CHUNK:min(x.size, (c + 1) * CHUNK)]
     out[c, 0], out[c, 1], out[c, 2] = _chunk_moments(chunk, lo)
     if out.shape[1] == 4:
         out[c, 3] = _chunk_log_sum(chunk, lo)
 
 
 @numba.njit(parallel=True, cache=True)
-def _moments_threads(x, lo, starts, stops, out):  # pragma: no cover - compiled
+def _moments_threads(x, lo, out):  # pragma: no cover - compiled
     for c in numba.prange(out.shape[0]):
-        _moments_chunk(x, lo, starts, stops, c, out)
+        _moments_chunk(x, lo, c, out)
 
 
 @numba.njit(cache=True)
-def moments(x, lo, starts, stops, parallel, logs):  # pragma: no cover - compiled
-    """(count, sum, sum of squares) of |x| - lo over the elements with |x| > lo among
-    x[starts[c]:stops[c]] for every c: the chunks of a tensor, or the filled part of the
-    slots of a pool; and with `logs` the sum of ln|x| over them (else 0)."""
-    out = np.zeros((starts.size, 4 if logs else 3))
+def moments(x, lo, parallel, logs):  # pragma: no cover - compiled
+    """(count, sum, sum of squares) of |x| - lo over the elements with |x| > lo, and with
+    `logs` the sum of ln|x| over them (else 0), chunk by chunk."""
+    out = np.zeros(((x.size + CHUNK - 1) // CHUNK, 4 if logs else 3))
     if parallel:
-        _moments_threads(x, lo, starts, stops, out)
+        _moments_threads(x, lo, out)
     else:
         for c in range(out.shape[0]):
-            _moments_chunk(x, lo, starts, stops, c, out)
+            _moments_chunk(x, lo, c, out)
     return (int(out[:, 0].sum()), out[:, 1].sum(), out[:, 2].sum(),
             out[:, 3].sum() if logs else 0.0)
 
@@ -226,14 +225,27 @@ def _chunk_collect(y, mask, top, lo, span, offsets, raw, sparse):  # pragma: no 
 
 
 @numba.njit(cache=True)
-def _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written):  # pragma: no cover
+def _slot_sums(values, start, n, lo, sums, c):  # pragma: no cover - compiled
+    """The moments over lo of a slot's entries values[start:start + n] into row c of
+    `sums`, when it has rows: taken while the slot is still in cache."""
+    if sums.shape[0]:
+        sums[c, 0], sums[c, 1], sums[c, 2] = _chunk_moments(values[start:start + n], lo)
+
+
+@numba.njit(cache=True)
+def _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, values, sums_lo,
+                sums):  # pragma: no cover - compiled
     """Pass 1 for chunk c: its hits into its slot of the per-chunk buffers (whose size,
-    sized from the expected count, says whether hits are sparse)."""
+    sized from the expected count, says whether hits are sparse), and their moments over
+    sums_lo when `sums` has rows (`values`: `raw` viewed as floats) and the slot held
+    them all."""
     width = offsets.size // counts.size
     counts[c], written[c] = _chunk_collect(
         x[c * CHUNK:min(x.size, (c + 1) * CHUNK)], mask, top, lo, span,
         offsets[c * width:(c + 1) * width], raw[c * width:(c + 1) * width],
         width - STRIDE <= SPARSE_CAP)
+    if written[c] == counts[c]:
+        _slot_sums(values, c * width, counts[c], sums_lo, sums, c)
 
 
 @numba.njit(cache=True)
@@ -255,9 +267,11 @@ def _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, start
 
 
 @numba.njit(parallel=True, cache=True)
-def _fill_threads(x, mask, top, lo, span, offsets, raw, counts, written):  # pragma: no cover
+def _fill_threads(x, mask, top, lo, span, offsets, raw, counts, written, values, sums_lo,
+                  sums):  # pragma: no cover - compiled
     for c in numba.prange(counts.size):
-        _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written)
+        _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, values, sums_lo,
+                    sums)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -269,15 +283,20 @@ def _place_threads(x, mask, top, lo, span, offsets, raw, counts, written, starts
 
 
 @numba.njit(cache=True)
-def fill(x, mask, top, lo, span, offsets, raw, counts, written, parallel):  # pragma: no cover
+def fill(x, mask, top, lo, span, offsets, raw, counts, written, parallel, values, sums_lo,
+         sums):  # pragma: no cover - compiled
     """Pass 1 of `collect`: every chunk's hits into its slot of the per-chunk buffers
     `offsets` and `raw` (counts.size slots), their number into `counts` and how many were
-    written into `written`. Chunks run on numba's threads with `parallel`."""
+    written into `written`; with rows in `sums` (one per slot), each slot's moments over
+    sums_lo (`_slot_sums`; `values` is `raw` viewed as floats). Chunks run on numba's
+    threads with `parallel`."""
     if parallel:
-        _fill_threads(x, mask, top, lo, span, offsets, raw, counts, written)
+        _fill_threads(x, mask, top, lo, span, offsets, raw, counts, written, values, sums_lo,
+                      sums)
     else:
         for c in range(counts.size):
-            _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written)
+            _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, values,
+                        sums_lo, sums)
 
 
 @numba.njit(cache=True)
@@ -309,7 +328,8 @@ def collect(x, mask, top, lo, span, cap, limit, parallel):  # pragma: no cover -
     raw = np.empty(chunks * (cap + STRIDE), x.dtype)
     counts = np.zeros(chunks, np.int64)
     written = np.zeros(chunks, np.int64)
-    fill(x, mask, top, lo, span, offsets, raw, counts, written, parallel)
+    fill(x, mask, top, lo, span, offsets, raw, counts, written, parallel, raw, 0.0,
+         np.empty((0, 3)))
     total = counts.sum()
     if total > limit:
         return total, np.empty(0, np.int64), np.empty(0, x.dtype)
@@ -336,28 +356,33 @@ def _keep_slot(offsets, raw, mask, top, lo, span, count):  # pragma: no cover - 
 
 
 @numba.njit(cache=True)
-def _keep_chunk(offsets, raw, counts, mask, top, lo, span, c):  # pragma: no cover - compiled
+def _keep_chunk(offsets, raw, counts, mask, top, lo, span, c, values, sums_lo,
+                sums):  # pragma: no cover - compiled
     width = offsets.size // counts.size
     base = c * width
     counts[c] = _keep_slot(offsets[base:base + width], raw[base:base + width], mask, top, lo,
                            span, counts[c])
+    _slot_sums(values, base, counts[c], sums_lo, sums, c)
 
 
 @numba.njit(parallel=True, cache=True)
-def _keep_threads(offsets, raw, counts, mask, top, lo, span):  # pragma: no cover - compiled
+def _keep_threads(offsets, raw, counts, mask, top, lo, span, values, sums_lo,
+                  sums):  # pragma: no cover - compiled
     for c in numba.prange(counts.size):
-        _keep_chunk(offsets, raw, counts, mask, top, lo, span, c)
+        _keep_chunk(offsets, raw, counts, mask, top, lo, span, c, values, sums_lo, sums)
 
 
 @numba.njit(cache=True)
-def keep(offsets, raw, counts, mask, top, lo, span, parallel):  # pragma: no cover - compiled
+def keep(offsets, raw, counts, mask, top, lo, span, parallel, values, sums_lo,
+         sums):  # pragma: no cover - compiled
     """Every slot of a pool (`fill`'s buffers, every entry written) reduced in place to
-    its hits, `counts` updated."""
+    its hits, `counts` updated; with rows in `sums`, the moments of what each slot kept
+    over sums_lo, as `fill` takes them."""
     if parallel:
-        _keep_threads(offsets, raw, counts, mask, top, lo, span)
+        _keep_threads(offsets, raw, counts, mask, top, lo, span, values, sums_lo, sums)
     else:
         for c in range(counts.size):
-            _keep_chunk(offsets, raw, counts, mask, top, lo, span, c)
+            _keep_chunk(offsets, raw, counts, mask, top, lo, span, c, values, sums_lo, sums)
 
 
 RADIX = 12  # bits of key resolved per histogram round of `_kth_largest`

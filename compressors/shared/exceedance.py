@@ -157,25 +157,16 @@ def moments(x: torch.Tensor, lo: float, backend: str = "auto", logs: bool = Fals
     ln|x| over them, in the same pass and in float64 (non-finite with the sums)."""
     lo = rounded(lo, x.dtype)
     if use_numba(backend, x):
-        starts = np.arange(0, x.numel(), CHUNK)
-        return _numba_moments(x, x.numpy(), lo, starts, np.minimum(starts + CHUNK, x.numel()),
-                              logs)
+        with threads(x) as parallel:
+            count, s1, s2, log_sum = _kernels().moments(x.numpy(), lo, parallel, logs)
+        if not np.isfinite(s1):  # the kernel's logarithm assumes finite input
+            log_sum = s1
+        return Moments(int(count), float(s1), float(s2), float(log_sum) if logs else None)
     a = x.abs()
     kept = a[~(a <= lo)].double()
     excess = kept - lo
     return Moments(excess.numel(), float(excess.sum()), float(excess.square().sum()),
                    float(kept.log().sum()) if logs else None)
-
-
-def _numba_moments(x: torch.Tensor, values: np.ndarray, lo: float, starts: np.ndarray,
-                   stops: np.ndarray, logs: bool = False) -> Moments:
-    """`moments` over values[starts[c]:stops[c]] for every c, with the kernels (threads as
-    `x`, the tensor they come from, allows)."""
-    with threads(x) as parallel:
-        count, s1, s2, log_sum = _kernels().moments(values, lo, starts, stops, parallel, logs)
-    if not np.isfinite(s1):  # the kernel's logarithm assumes finite input
-        log_sum = s1
-    return Moments(int(count), float(s1), float(s2), float(log_sum) if logs else None)
 
 
 def count_above(x: torch.Tensor, thr: float, backend: str = "auto") -> int:
@@ -243,7 +234,7 @@ class _Slots:
     """What `fill` wrote for tensor `x` and the keys from `lo` to Inf's (NaN's excluded):
     each chunk's hits (int32 offsets in the chunk and raw elements) in its slot of
     `offsets` and `raw`, their number in `counts`, and how many of them fit in the slot in
-    `written`."""
+    `written`; `sums`, the hits' moments where they were asked for."""
 
     x: torch.Tensor
     lo: int
@@ -251,6 +242,16 @@ class _Slots:
     raw: np.ndarray
     counts: np.ndarray
     written: np.ndarray
+    sums: Moments | None = None
+
+    def sums_spec(self, sums_over: float | None) -> tuple[np.ndarray, float, np.ndarray]:
+        """The kernels' arguments for per-slot moments over `sums_over` (none when None):
+        the slots' elements as floats (float32 or float64 tensors), the threshold, a row of
+        sums per slot."""
+        if sums_over is None:
+            return self.raw, 0.0, np.zeros((0, 3))
+        return (self.raw.view(_NUMPY_FLOAT[self.x.dtype]), rounded(sums_over, self.x.dtype),
+                np.zeros((self.counts.size, 3)))
 
     def place(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(ascending int64 positions, elements) of the hits, the chunks whose slot
@@ -268,9 +269,11 @@ class _Slots:
         return torch.from_numpy(positions), torch.from_numpy(values).view(x.dtype)
 
 
-def _fill(x: torch.Tensor, thr: float, expected: int | None) -> _Slots | None:
+def _fill(x: torch.Tensor, thr: float, expected: int | None,
+          sums_over: float | None = None) -> _Slots | None:
     """`fill`'s first pass of a selection of |x| >= thr into per-chunk slots sized from
-    `expected`; None when nothing compares >= thr (NaN)."""
+    `expected`, with the hits' moments over `sums_over` where given (in `sums`, valid
+    when no slot overflowed); None when nothing compares >= thr (NaN)."""
     lo = threshold_key(thr, x.dtype)
     if lo is None:
         return None
@@ -280,61 +283,73 @@ def _fill(x: torch.Tensor, thr: float, expected: int | None) -> _Slots | None:
     chunks = -(-d // CHUNK)
     offsets, raw = _staging(chunks * (cap + kernels.STRIDE), lay.int_dtype)
     counts, written = np.zeros(chunks, np.int64), np.zeros(chunks, np.int64)
+    slots = _Slots(x, lo, offsets, raw, counts, written)
+    values, sums_lo, sums = slots.sums_spec(sums_over)
     with threads(x) as parallel:
         kernels.fill(_key_view(x), lay.mask, lay.top, lo, lay.inf - lo, offsets, raw, counts,
-                     written, parallel)
-    return _Slots(x, lo, offsets, raw, counts, written)
+                     written, parallel, values, sums_lo, sums)
+    slots.sums = _summed(sums) if sums_over is not None else None
+    return slots
+
+
+def _summed(sums: np.ndarray) -> Moments:
+    """The moments of a pool from the rows of per-slot sums the kernels wrote."""
+    return Moments(int(sums[:, 0].sum()), float(sums[:, 1].sum()), float(sums[:, 2].sum()))
 
 
 class Pool:
     """The elements of the working tensor `x` with |x| >= thr, for passes that read only
     them (the later stages of SIDCo). With the numba kernels they stay in the slots
     `_fill` wrote them to and are filtered there in place; their positions are written
-    once, by `indices`. With torch they are positions and values."""
+    once, by `indices`. With torch they are positions and values. Collecting and
+    filtering can take the `moments` of what they keep as they go (`sums_over`), while
+    the elements are in cache, instead of in a pass of their own."""
 
     def __init__(self, x: torch.Tensor, slots: _Slots | None = None,
                  positions: torch.Tensor | None = None, values: torch.Tensor | None = None
                  ) -> None:
         self.x, self.slots, self.positions, self.values = x, slots, positions, values
+        self.sums: Moments | None = None  # of the last collect or keep that asked for them
 
     @classmethod
     def collect(cls, x: torch.Tensor, thr: float, backend: str = "auto",
-                expected: int | None = None) -> Pool | None:
-        """The pool of |x| >= thr (thr finite); None when a chunk held more than twice its
-        share of `expected` (the count that sizes the slots) and its slot overflowed."""
+                expected: int | None = None, sums_over: float | None = None) -> Pool | None:
+        """The pool of |x| >= thr (thr finite), with `sums` = moments(x, sums_over) where
+        sums_over >= thr is given; None when a chunk held more than twice its share of
+        `expected` (the count that sizes the slots) and its slot overflowed."""
         if not use_numba(backend, x):
             positions = torch.nonzero(x.abs() >= thr).view(-1)
-            return cls(x, positions=positions, values=x.index_select(0, positions))
-        slots = _fill(x, thr, expected)
+            pool = cls(x, positions=positions, values=x.index_select(0, positions))
+            pool.sums = None if sums_over is None else moments(pool.values, sums_over, "torch")
+            return pool
+        slots = _fill(x, thr, expected, sums_over)
         if slots is None or bool((slots.written < slots.counts).any()):
             return None
-        return cls(x, slots=slots)
+        pool = cls(x, slots=slots)
+        pool.sums = slots.sums
+        return pool
 
     @property
     def count(self) -> int:
         return int(self.slots.counts.sum()) if self.slots is not None else self.values.numel()
 
-    def moments(self, lo: float) -> Moments:
-        """`moments` of the pooled elements (every element of x above lo is among them)."""
-        if self.slots is None:
-            return moments(self.values, lo, "torch")
-        slots = self.slots
-        starts = np.arange(slots.counts.size) * (slots.offsets.size // slots.counts.size)
-        return _numba_moments(self.x, slots.raw.view(_NUMPY_FLOAT[self.x.dtype]),
-                              rounded(lo, self.x.dtype), starts, starts + slots.counts)
-
-    def keep(self, thr: float) -> None:
-        """Drop the elements with |x| < thr (thr finite), in place."""
+    def keep(self, thr: float, sums_over: float | None = None) -> Moments | None:
+        """Drop the elements with |x| < thr (thr finite), in place; with `sums_over`,
+        return (and keep in `sums`) the moments over it of what stays."""
         if self.slots is None:
             kept = self.values.abs() >= thr
             self.positions, self.values = self.positions[kept], self.values[kept]
-            return
+            self.sums = None if sums_over is None else moments(self.values, sums_over, "torch")
+            return self.sums
         slots, lay = self.slots, layout(self.x)
         slots.lo = lo = threshold_key(thr, self.x.dtype)
+        values, sums_lo, sums = slots.sums_spec(sums_over)
         with threads(self.x) as parallel:
             _kernels().keep(slots.offsets, slots.raw, slots.counts, lay.mask, lay.top, lo,
-                            lay.inf - lo, parallel)
+                            lay.inf - lo, parallel, values, sums_lo, sums)
         slots.written = slots.counts
+        self.sums = None if sums_over is None else _summed(sums)
+        return self.sums
 
     def indices(self) -> torch.Tensor:
         """Flat int64 positions of the pooled elements in x, ascending."""
