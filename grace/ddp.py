@@ -33,10 +33,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from grace.exchange import Exchange
 from grace.metrics import Metrics
 from grace.needs import Need
 from grace.pipeline import Grace
-from grace.validation import ConfigError, check_range
+from grace.validation import ConfigError, NonFiniteError, check_range
 
 WHOLE_STEP = frozenset({Need.WHOLE_MODEL, Need.GLOBAL_NORM})
 
@@ -180,8 +181,14 @@ class GradientExchange:
             if bucket.is_last():
                 self._exchange_whole_step()
             return future
-        exchange = self.grace.start_many(named)
         buffer = bucket.buffer()
+        if self.grace.joins_runs and self.scale == 1.0 and not self.weight_decay \
+                and len(grads) > 1:
+            # the bucket as one tensor (the same result): no work per gradient
+            exchange = self._start_joined(buffer, named)
+            grads = [buffer]
+        else:
+            exchange = self.grace.start_many(named)
         last = bucket.is_last()
 
         def write_back(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
@@ -206,6 +213,18 @@ class GradientExchange:
         else:
             exchange.wait()
         return result
+
+    def _start_joined(self, buffer: torch.Tensor, named: list[tuple[str, torch.Tensor]]
+                      ) -> Exchange:
+        """`start_many` of a bucket's buffer as one tensor named after its first gradient;
+        a non-finite buffer goes through again gradient by gradient, so that the error
+        names the gradient."""
+        try:
+            exchange = self.grace.start_many([(named[0][0], buffer)])
+        except NonFiniteError:
+            return self.grace.start_many(named)
+        self.grace.metrics.add("tensors", len(named) - 1)  # count the gradients, as there
+        return exchange
 
     def _exchange_whole_step(self) -> None:
         """At the last bucket: exchange every waiting gradient in one call, in the model's

@@ -136,7 +136,7 @@ class Grace(Stateful):
         link.max_nbytes = 4 * dense + 65536  # no peer's payload may announce more
         if self.compressor.model_level:
             rounds = self._model_rounds(compensated, link)
-        elif self.compressor.capabilities().elementwise and self.memory.identity:
+        elif self.joins_runs:
             rounds = self._run_rounds(compensated, runs, link)
         else:
             rounds = self._rounds(compensated, link)
@@ -146,6 +146,14 @@ class Grace(Stateful):
             return [next(received) if grad.numel() else grad.clone() for _, grad in named]
 
         return Exchange(self.communicator, rounds, link, [name for name, _ in live], merge)
+
+    @property
+    def joins_runs(self) -> bool:
+        """Whether tensors that lie back to back in memory are compressed and exchanged as
+        one (`_run_rounds`): an elementwise compressor with a memory that keeps nothing. A
+        DDP bucket can then be passed whole, with the same result."""
+        return (not self.compressor.model_level and self.memory.identity
+                and self.compressor.capabilities().elementwise)
 
     def finite(self, grads: Named, compensated: Named, runs: Sequence[range]) -> bool:
         """Whether every tensor to compress is finite (one read each, one call for each of

@@ -22,6 +22,7 @@ from grace.launch import WorkerError
 LGC = {"name": "lgc_rar", "ratio": 0.05, "warmup_iters": 1, "ae_train_iters": 2}
 CASES = {  # (compressor, memory, communicator): methods with one, two and four rounds
     "none": ("none", None, None),
+    "fp16": ("fp16", None, None),
     "topk_allgather": ({"name": "topk", "ratio": 0.1}, None, None),
     "threshold_allgather": ({"name": "threshold", "threshold": 0.05}, None, None),
     "topk_broadcast": ({"name": "topk", "ratio": 0.1}, None, "broadcast"),
@@ -41,8 +42,10 @@ def make_model() -> nn.Module:
 
 
 def train(rank: int, case: str, mode: str) -> tuple[torch.Tensor, grace.Grace]:
-    """`STEPS` steps of SGD through `mode`: the hook asynchronous or synchronous (one bucket
-    per parameter), or the custom-loop path; returns the parameters."""
+    """`STEPS` steps of SGD through `mode`: the hook asynchronous or synchronous with
+    buckets capped at 1e-4 MB (DDP's first bucket is capped at 1 MiB regardless), the hook
+    asynchronous with DDP's default cap (one bucket for this model, which an elementwise
+    method exchanges whole), or the custom-loop path; returns the parameters."""
     comp, mem, comm = CASES[case]
     pipe = grace.build(comp, mem, comm)
     model = make_model()
@@ -52,8 +55,9 @@ def train(rank: int, case: str, mode: str) -> tuple[torch.Tensor, grace.Grace]:
     if mode == "step":
         net, exchange = model, GradientExchange(pipe, model, opt, weight_decay=decay)
     else:
-        net = DistributedDataParallel(model, bucket_cap_mb=1e-4)  # a bucket per parameter
-        register_comm_hook(net, pipe, opt, weight_decay=decay, asynchronous=mode == "async")
+        cap = 25.0 if mode == "bucketed" else 1e-4
+        net = DistributedDataParallel(model, bucket_cap_mb=cap)
+        register_comm_hook(net, pipe, opt, weight_decay=decay, asynchronous=mode != "sync")
     gen = torch.Generator().manual_seed(1000 + rank)
     for _ in range(STEPS):
         x, y = torch.randn(8, 12, generator=gen), torch.randint(0, 4, (8,), generator=gen)
@@ -67,10 +71,11 @@ def train(rank: int, case: str, mode: str) -> tuple[torch.Tensor, grace.Grace]:
 
 def check_paths_agree(rank: int, world_size: int) -> None:
     for case in CASES:
-        results = {mode: train(rank, case, mode) for mode in ("async", "sync", "step")}
+        results = {mode: train(rank, case, mode)
+                   for mode in ("async", "sync", "bucketed", "step")}
         params = {mode: p for mode, (p, _) in results.items()}
-        assert torch.equal(params["async"], params["sync"]), case
-        assert torch.equal(params["async"], params["step"]), case
+        for mode in ("sync", "bucketed", "step"):
+            assert torch.equal(params["async"], params[mode]), (case, mode)
         gathered = [torch.empty_like(params["async"]) for _ in range(world_size)]
         dist.all_gather(gathered, params["async"])
         assert torch.equal(gathered[0], gathered[1]), case  # ranks agree
@@ -152,6 +157,14 @@ def nan_in_backward(rank, world_size):
             model(x).sum().backward()
         assert isinstance(state.error, NonFiniteError), repr(state.error)
         assert "NaN" in str(state.error)
+    # fp16 exchanges the bucket whole; the error still names the gradient
+    model = DistributedDataParallel(make_model())
+    state = register_comm_hook(model, grace.build("fp16"))
+    model.module[2].weight.register_hook(lambda g: torch.full_like(g, float("nan")))
+    with pytest.raises(Exception):  # noqa: B017 - DDP may re-raise it as a RuntimeError
+        model(torch.randn(8, 12)).sum().backward()
+    assert isinstance(state.error, NonFiniteError), repr(state.error)
+    assert "tensor '2.weight'" in str(state.error), str(state.error)
 
 
 def test_the_hook_keeps_its_own_error_for_the_loop():
