@@ -59,7 +59,7 @@ def _bits_float(typingctx, b):
     return types.float64(types.int64), codegen
 
 
-LN2 = math.log(2.0)
+_LN2 = math.log(2.0)
 _FRACTION = (1 << 52) - 1  # float64 fraction bits
 _SQRT2_FRACTION = 0x6A09E667F3BCD  # the fraction bits of sqrt(2)
 _BITS_OF_ONE = 0x3FF0000000000000
@@ -81,7 +81,7 @@ def _ln(a):  # pragma: no cover - compiled
     m = _bits_float(fraction | (_BITS_OF_ONE - (np.int64(high) << 52)))
     f = (m - 1.0) / (m + 1.0)
     f2 = f * f
-    return exponent * LN2 + f * (2.0 + f2 * (2.0 / 3 + f2 * (2.0 / 5 + f2 * (2.0 / 7 + f2 * (
+    return exponent * _LN2 + f * (2.0 + f2 * (2.0 / 3 + f2 * (2.0 / 5 + f2 * (2.0 / 7 + f2 * (
         2.0 / 9 + f2 * (2.0 / 11 + f2 * (2.0 / 13 + f2 * (2.0 / 15 + f2 * (2.0 / 17)))))))))
 
 

@@ -309,7 +309,7 @@ class Pool:
                  positions: torch.Tensor | None = None, values: torch.Tensor | None = None
                  ) -> None:
         self.x, self.slots, self.positions, self.values = x, slots, positions, values
-        self.sums: Moments | None = None  # of the last collect or keep that asked for them
+        self.sums: Moments | None = None  # what `collect` summed, where it was asked to
 
     @classmethod
     def collect(cls, x: torch.Tensor, thr: float, backend: str = "auto",
@@ -334,13 +334,12 @@ class Pool:
         return int(self.slots.counts.sum()) if self.slots is not None else self.values.numel()
 
     def keep(self, thr: float, sums_over: float | None = None) -> Moments | None:
-        """Drop the elements with |x| < thr (thr finite), in place; with `sums_over`,
-        return (and keep in `sums`) the moments over it of what stays."""
+        """Drop the elements with |x| < thr (thr finite), in place; with `sums_over` >= thr,
+        return moments(x, sums_over), taken from what stays."""
         if self.slots is None:
             kept = self.values.abs() >= thr
             self.positions, self.values = self.positions[kept], self.values[kept]
-            self.sums = None if sums_over is None else moments(self.values, sums_over, "torch")
-            return self.sums
+            return None if sums_over is None else moments(self.values, sums_over, "torch")
         slots, lay = self.slots, layout(self.x)
         slots.lo = lo = threshold_key(thr, self.x.dtype)
         values, sums_lo, sums = slots.sums_spec(sums_over)
@@ -348,8 +347,7 @@ class Pool:
             _kernels().keep(slots.offsets, slots.raw, slots.counts, lay.mask, lay.top, lo,
                             lay.inf - lo, parallel, values, sums_lo, sums)
         slots.written = slots.counts
-        self.sums = None if sums_over is None else _summed(sums)
-        return self.sums
+        return None if sums_over is None else _summed(sums)
 
     def indices(self) -> torch.Tensor:
         """Flat int64 positions of the pooled elements in x, ascending."""
