@@ -223,7 +223,8 @@ class GradientExchange:
             exchange = self.grace.start_many([(named[0][0], buffer)])
         except NonFiniteError:
             return self.grace.start_many(named)
-        self.grace.metrics.add("tensors", len(named) - 1)  # count the gradients, as there
+        # ``tensors`` counts the bucket's gradients, as the path gradient by gradient does
+        self.grace.metrics.add("tensors", len(named) - 1)
         return exchange
 
     def _exchange_whole_step(self) -> None:
