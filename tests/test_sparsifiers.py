@@ -358,6 +358,20 @@ def test_numba_and_torch_backends_agree():
     assert not exceedance.moments(nan, 0.0, "numba").finite
 
 
+@pytest.mark.skipif(not numba_available(), reason="numba not installed")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_selections_counted_past_full_buffers_in_every_key_width(dtype):
+    """A selection whose per-chunk buffers fill up (an expected count far too small) counts
+    the rest of each chunk block by block and rescans it: the same positions as torch's,
+    for 64- and 16-bit keys, with NaN and Inf in the tensor and a chunk of odd length."""
+    x = draw("t3", 300_001, 13).to(dtype)
+    x[3], x[9] = float("nan"), float("inf")
+    for thr in (0.0, 1.0, 4.0):
+        for expected in (0, 1000):
+            assert torch.equal(exceedance.select(x, thr, "numba", expected),
+                               exceedance.select(x, thr, "torch"))
+
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_log_sums_are_float64_logarithms(dtype):

@@ -140,6 +140,19 @@ def moments(x, lo, parallel, logs):  # pragma: no cover - compiled
 
 
 # -- selection by magnitude keys -----------------------------------------------------------
+def _key_hits(context, builder, array_type, y, start, mask, top, lo, span):  # type: ignore[no-untyped-def]
+    """(block, hits) for the LANES keys of y[start:start + LANES]: the elements' bits and
+    the lanes whose key (`_key`) is a hit, lo <= key <= lo + span."""
+    block = load_lanes(context, builder, array_type, y, start)
+    vt = block.type
+    key = builder.and_(block, splat(builder, mask, vt))
+    top_s = splat(builder, top, vt)
+    key = builder.select(builder.icmp_unsigned(">", key, top_s), top_s, key)
+    hits = builder.icmp_unsigned("<=", builder.sub(key, splat(builder, lo, vt)),
+                                 splat(builder, span, vt))
+    return block, hits
+
+
 @intrinsic
 def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n, sparse,
                     source):
@@ -154,13 +167,8 @@ def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n, s
     def codegen(context, builder, signature, args):
         (y_arg, start_v, mask_v, top_v, lo_v, span_v, off_arg, raw_arg, n_v, sparse_v,
          source_arg) = args
-        block = load_lanes(context, builder, signature.args[0], y_arg, start_v)
-        vt = block.type
-        key = builder.and_(block, splat(builder, mask_v, vt))
-        top_s = splat(builder, top_v, vt)
-        key = builder.select(builder.icmp_unsigned(">", key, top_s), top_s, key)
-        hits = builder.icmp_unsigned("<=", builder.sub(key, splat(builder, lo_v, vt)),
-                                     splat(builder, span_v, vt))
+        block, hits = _key_hits(context, builder, signature.args[0], y_arg, start_v, mask_v,
+                                top_v, lo_v, span_v)
         if isinstance(signature.args[10], types.NoneType):
             i32 = ir.IntType(32)
             iv = ir.VectorType(i32, LANES)
@@ -176,6 +184,21 @@ def _compress_block(typingctx, y, start, mask, top, lo, span, offsets, raw, n, s
             compress_store(builder, block, data_pointer(context, builder, signature.args[7],
                                                         raw_arg, n_v), hits)
         return builder.add(n_v, popcount(builder, hits))
+
+    return sig, codegen
+
+
+@intrinsic
+def _count_block(typingctx, y, start, mask, top, lo, span):
+    """The number of hits among the LANES keys of y[start:start + LANES] (`_compress_block`
+    without the stores). Inside `_chunk_collect` a scalar loop counting the same was left
+    unvectorized, and a selection whose buffers filled up early read at a fifth of the
+    speed of one that did not."""
+    sig = types.int64(y, start, mask, top, lo, span)
+
+    def codegen(context, builder, signature, args):
+        _, hits = _key_hits(context, builder, signature.args[0], *args)
+        return popcount(builder, hits)
 
     return sig, codegen
 
@@ -211,9 +234,8 @@ def _chunk_collect(y, mask, top, lo, span, offsets, raw, sparse):  # pragma: no 
             n = _compress_block(y, b, mask, top, lo, span, offsets, raw, n, sparse, None)
         s += STRIDE
     written = n
-    if s < full:  # out of room: count the rest
-        for i in range(s, full):
-            n += np.uint64(_key(y[i], mask, top) - lo) <= np.uint64(span)
+    for b in range(s, full, LANES):  # out of room: count the rest
+        n += _count_block(y, b, mask, top, lo, span)
     for i in range(full, y.size):
         if np.uint64(_key(y[i], mask, top) - lo) <= np.uint64(span):
             if written == n and n < offsets.size:
