@@ -656,9 +656,11 @@ def test_exact_guard_inside_a_pool_selects_as_over_the_tensor(backend, monkeypat
 def test_pools_filter_in_place_as_selections_do(dtype):
     """A pool of |x| >= t, filtered in place at rising thresholds, holds what a selection
     from the whole tensor holds, and the moments it takes as it collects and filters are
-    those of a pass over the whole tensor (numba's slots and torch alike); a pool whose
-    per-chunk slots overflow is refused rather than incomplete."""
+    those of a pass over the whole tensor (numba's slots and torch alike), also where
+    per-chunk slots sized from the expected count overflow (in a few chunks, or in all)
+    and those chunks are collected again."""
     x = draw("t3", 1 << 20, 2).to(dtype)
+    x[:1 << 17] *= 50  # the first two chunks' slots overflow: they are collected again
     x[::5] = 0
     x[7] = x[8] = 2.5  # ties at a threshold
     before = torch.get_num_threads()
@@ -671,22 +673,20 @@ def test_pools_filter_in_place_as_selections_do(dtype):
     try:
         for backend, threads in runs:  # numba: chunks in this thread, or over numba's threads
             torch.set_num_threads(threads)
-            for sums_over in (1.0, 1.3):
-                pool = exceedance.Pool.collect(x, 1.0, backend, int(0.35 * x.numel()), sums_over)
+            for sums_over, expected in ((1.0, 0.35 * x.numel()), (1.3, 1000)):
+                pool = exceedance.Pool.collect(x, 1.0, backend, int(expected), sums_over)
                 assert (pool.slots is not None) == (backend == "numba")
                 assert same(pool.sums, exceedance.moments(x, sums_over, "torch")), backend
-            for thr in (1.0, 1.7, 2.5, 6.0, 40.0):
-                if thr > 1.0:
-                    for lo in (thr, thr * 1.5):
-                        sums = pool.keep(thr, lo)
-                        assert same(sums, exceedance.moments(x, lo, "torch")), (backend, lo)
-                assert pool.keep(thr) is None
-                whole = exceedance.select(x, thr, "torch")
-                assert pool.count == whole.numel() and torch.equal(pool.indices(), whole)
+                for thr in (1.0, 1.7, 2.5, 6.0, 40.0):
+                    if thr > 1.0:
+                        for lo in (thr, thr * 1.5):
+                            sums = pool.keep(thr, lo)
+                            assert same(sums, exceedance.moments(x, lo, "torch")), (backend, lo)
+                    assert pool.keep(thr) is None
+                    whole = exceedance.select(x, thr, "torch")
+                    assert pool.count == whole.numel() and torch.equal(pool.indices(), whole)
     finally:
         torch.set_num_threads(before)
-    if numba_available():
-        assert exceedance.Pool.collect(x, 1.0, "numba", expected=1000) is None
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])

@@ -255,74 +255,109 @@ def _slot_sums(values, start, n, lo, sums, c):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, values, sums_lo,
-                sums):  # pragma: no cover - compiled
-    """Pass 1 for chunk c: its hits into its slot of the per-chunk buffers (whose size,
-    sized from the expected count, says whether hits are sparse), and their moments over
-    sums_lo when `sums` has rows (`values`: `raw` viewed as floats) and the slot held
-    them all."""
-    width = offsets.size // counts.size
+def _fill_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written, values,
+                sums_lo, sums):  # pragma: no cover - compiled
+    """Pass 1 for chunk c: its hits into its slot bounds[c]:bounds[c + 1] of the buffers
+    (whose size says whether hits are sparse), and their moments over sums_lo when `sums`
+    has rows (`values`: `raw` viewed as floats) and the slot held them all."""
+    start, stop = bounds[c], bounds[c + 1]
     counts[c], written[c] = _chunk_collect(
         x[c * CHUNK:min(x.size, (c + 1) * CHUNK)], mask, top, lo, span,
-        offsets[c * width:(c + 1) * width], raw[c * width:(c + 1) * width],
-        width - STRIDE <= SPARSE_CAP)
+        offsets[start:stop], raw[start:stop], stop - start - STRIDE <= SPARSE_CAP)
     if written[c] == counts[c]:
-        _slot_sums(values, c * width, counts[c], sums_lo, sums, c)
+        _slot_sums(values, start, counts[c], sums_lo, sums, c)
 
 
 @numba.njit(cache=True)
-def _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, starts,
+def _place_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written, starts,
                  positions, out_raw):  # pragma: no cover - compiled
     """Pass 2 for chunk c: its hits at their place in the result, rescanning the chunk if
-    its buffer overflowed."""
-    width = offsets.size // counts.size
-    m, o, base = counts[c], starts[c], c * CHUNK
+    its slot overflowed."""
+    m, o, base, slot = counts[c], starts[c], c * CHUNK, bounds[c]
     if written[c] < m:
         buf_o, buf_r = np.empty(m + STRIDE, np.int32), np.empty(m + STRIDE, x.dtype)
         _chunk_collect(x[base:min(x.size, base + CHUNK)], mask, top, lo, span, buf_o, buf_r,
                        False)
     else:
-        buf_o, buf_r = offsets[c * width:c * width + m], raw[c * width:c * width + m]
+        buf_o, buf_r = offsets[slot:slot + m], raw[slot:slot + m]
     for j in range(m):
         positions[o + j] = buf_o[j] + base
         out_raw[o + j] = buf_r[j]
 
 
 @numba.njit(parallel=True, cache=True)
-def _fill_threads(x, mask, top, lo, span, offsets, raw, counts, written, values, sums_lo,
-                  sums):  # pragma: no cover - compiled
+def _fill_threads(x, mask, top, lo, span, offsets, raw, bounds, counts, written, values,
+                  sums_lo, sums):  # pragma: no cover - compiled
     for c in numba.prange(counts.size):
-        _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, values, sums_lo,
-                    sums)
+        _fill_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written, values,
+                    sums_lo, sums)
 
 
 @numba.njit(parallel=True, cache=True)
-def _place_threads(x, mask, top, lo, span, offsets, raw, counts, written, starts, positions,
-                   out_raw):  # pragma: no cover - compiled
+def _place_threads(x, mask, top, lo, span, offsets, raw, bounds, counts, written, starts,
+                   positions, out_raw):  # pragma: no cover - compiled
     for c in numba.prange(counts.size):
-        _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, starts,
+        _place_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written, starts,
                      positions, out_raw)
 
 
 @numba.njit(cache=True)
-def fill(x, mask, top, lo, span, offsets, raw, counts, written, parallel, values, sums_lo,
-         sums):  # pragma: no cover - compiled
-    """Pass 1 of `collect`: every chunk's hits into its slot of the per-chunk buffers
-    `offsets` and `raw` (counts.size slots), their number into `counts` and how many were
-    written into `written`; with rows in `sums` (one per slot), each slot's moments over
-    sums_lo (`_slot_sums`; `values` is `raw` viewed as floats). Chunks run on numba's
-    threads with `parallel`."""
+def fill(x, mask, top, lo, span, offsets, raw, bounds, counts, written, parallel, values,
+         sums_lo, sums):  # pragma: no cover - compiled
+    """Pass 1 of `collect`: every chunk's hits into its slot of the buffers `offsets` and
+    `raw` (slot c is bounds[c]:bounds[c + 1], counts.size slots), their number into
+    `counts` and how many were written into `written`; with rows in `sums` (one per
+    slot), each slot's moments over sums_lo (`_slot_sums`; `values` is `raw` viewed as
+    floats). Chunks run on numba's threads with `parallel`."""
     if parallel:
-        _fill_threads(x, mask, top, lo, span, offsets, raw, counts, written, values, sums_lo,
-                      sums)
+        _fill_threads(x, mask, top, lo, span, offsets, raw, bounds, counts, written, values,
+                      sums_lo, sums)
     else:
         for c in range(counts.size):
-            _fill_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, values,
-                        sums_lo, sums)
+            _fill_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written,
+                        values, sums_lo, sums)
 
 
 @numba.njit(cache=True)
-def place(x, mask, top, lo, span, offsets, raw, counts, written, positions, out_raw,
+def _refill_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written,
+                  new_offsets, new_raw, new_bounds, values, sums_lo,
+                  sums):  # pragma: no cover - compiled
+    """Chunk c into its slot of the new buffers: collected again if its old slot
+    overflowed, else its hits copied over (their sums are the first pass's)."""
+    if written[c] < counts[c]:
+        _fill_chunk(x, mask, top, lo, span, c, new_offsets, new_raw, new_bounds, counts,
+                    written, values, sums_lo, sums)
+    else:
+        old, new, m = bounds[c], new_bounds[c], counts[c]
+        new_offsets[new:new + m] = offsets[old:old + m]
+        new_raw[new:new + m] = raw[old:old + m]
+
+
+@numba.njit(parallel=True, cache=True)
+def _refill_threads(x, mask, top, lo, span, offsets, raw, bounds, counts, written, new_offsets,
+                    new_raw, new_bounds, values, sums_lo, sums):  # pragma: no cover - compiled
+    for c in numba.prange(counts.size):
+        _refill_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written,
+                      new_offsets, new_raw, new_bounds, values, sums_lo, sums)
+
+
+@numba.njit(cache=True)
+def refill(x, mask, top, lo, span, offsets, raw, bounds, counts, written, new_offsets, new_raw,
+           new_bounds, parallel, values, sums_lo, sums):  # pragma: no cover - compiled
+    """After `fill`: every chunk's hits into new buffers whose slots (`new_bounds`) hold
+    them all, rescanning only the chunks whose slot overflowed (`values`: `new_raw`
+    viewed as floats; `sums` the rows `fill` wrote)."""
+    if parallel:
+        _refill_threads(x, mask, top, lo, span, offsets, raw, bounds, counts, written,
+                        new_offsets, new_raw, new_bounds, values, sums_lo, sums)
+    else:
+        for c in range(counts.size):
+            _refill_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written,
+                          new_offsets, new_raw, new_bounds, values, sums_lo, sums)
+
+
+@numba.njit(cache=True)
+def place(x, mask, top, lo, span, offsets, raw, bounds, counts, written, positions, out_raw,
           parallel):  # pragma: no cover - compiled
     """Pass 2 of `collect`: the hits at their place in `positions` (int64) and `out_raw`,
     sized counts.sum(), rescanning the chunks whose slot overflowed."""
@@ -330,12 +365,12 @@ def place(x, mask, top, lo, span, offsets, raw, counts, written, positions, out_
     for c in range(counts.size):
         starts[c + 1] = starts[c] + counts[c]
     if parallel:
-        _place_threads(x, mask, top, lo, span, offsets, raw, counts, written, starts,
+        _place_threads(x, mask, top, lo, span, offsets, raw, bounds, counts, written, starts,
                        positions, out_raw)
     else:
         for c in range(counts.size):
-            _place_chunk(x, mask, top, lo, span, c, offsets, raw, counts, written, starts,
-                         positions, out_raw)
+            _place_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written,
+                         starts, positions, out_raw)
 
 
 @numba.njit(cache=True)
@@ -346,18 +381,20 @@ def collect(x, mask, top, lo, span, cap, limit, parallel):  # pragma: no cover -
     `top_k`'s small candidate sets: large results are collected by `fill` and `place` into
     buffers numpy allocates (`gracecomm.compressors.shared.exceedance`)."""
     chunks = (x.size + CHUNK - 1) // CHUNK
-    offsets = np.empty(chunks * (cap + STRIDE), np.int32)
-    raw = np.empty(chunks * (cap + STRIDE), x.dtype)
+    bounds = np.arange(chunks + 1) * (cap + STRIDE)
+    offsets = np.empty(bounds[-1], np.int32)
+    raw = np.empty(bounds[-1], x.dtype)
     counts = np.zeros(chunks, np.int64)
     written = np.zeros(chunks, np.int64)
-    fill(x, mask, top, lo, span, offsets, raw, counts, written, parallel, raw, 0.0,
+    fill(x, mask, top, lo, span, offsets, raw, bounds, counts, written, parallel, raw, 0.0,
          np.empty((0, 3)))
     total = counts.sum()
     if total > limit:
         return total, np.empty(0, np.int64), np.empty(0, x.dtype)
     positions = np.empty(total, np.int64)
     out_raw = np.empty(total, x.dtype)
-    place(x, mask, top, lo, span, offsets, raw, counts, written, positions, out_raw, parallel)
+    place(x, mask, top, lo, span, offsets, raw, bounds, counts, written, positions, out_raw,
+          parallel)
     return total, positions, out_raw
 
 
@@ -378,33 +415,35 @@ def _keep_slot(offsets, raw, mask, top, lo, span, count):  # pragma: no cover - 
 
 
 @numba.njit(cache=True)
-def _keep_chunk(offsets, raw, counts, mask, top, lo, span, c, values, sums_lo,
+def _keep_chunk(offsets, raw, bounds, counts, mask, top, lo, span, c, values, sums_lo,
                 sums):  # pragma: no cover - compiled
-    width = offsets.size // counts.size
-    base = c * width
-    counts[c] = _keep_slot(offsets[base:base + width], raw[base:base + width], mask, top, lo,
-                           span, counts[c])
-    _slot_sums(values, base, counts[c], sums_lo, sums, c)
+    start, stop = bounds[c], bounds[c + 1]
+    counts[c] = _keep_slot(offsets[start:stop], raw[start:stop], mask, top, lo, span,
+                           counts[c])
+    _slot_sums(values, start, counts[c], sums_lo, sums, c)
 
 
 @numba.njit(parallel=True, cache=True)
-def _keep_threads(offsets, raw, counts, mask, top, lo, span, values, sums_lo,
+def _keep_threads(offsets, raw, bounds, counts, mask, top, lo, span, values, sums_lo,
                   sums):  # pragma: no cover - compiled
     for c in numba.prange(counts.size):
-        _keep_chunk(offsets, raw, counts, mask, top, lo, span, c, values, sums_lo, sums)
+        _keep_chunk(offsets, raw, bounds, counts, mask, top, lo, span, c, values, sums_lo,
+                    sums)
 
 
 @numba.njit(cache=True)
-def keep(offsets, raw, counts, mask, top, lo, span, parallel, values, sums_lo,
+def keep(offsets, raw, bounds, counts, mask, top, lo, span, parallel, values, sums_lo,
          sums):  # pragma: no cover - compiled
     """Every slot of a pool (`fill`'s buffers, every entry written) reduced in place to
     its hits, `counts` updated; with rows in `sums`, the moments of what each slot kept
     over sums_lo, as `fill` takes them."""
     if parallel:
-        _keep_threads(offsets, raw, counts, mask, top, lo, span, values, sums_lo, sums)
+        _keep_threads(offsets, raw, bounds, counts, mask, top, lo, span, values, sums_lo,
+                      sums)
     else:
         for c in range(counts.size):
-            _keep_chunk(offsets, raw, counts, mask, top, lo, span, c, values, sums_lo, sums)
+            _keep_chunk(offsets, raw, bounds, counts, mask, top, lo, span, c, values, sums_lo,
+                        sums)
 
 
 RADIX = 12  # bits of key resolved per histogram round of `_kth_largest`

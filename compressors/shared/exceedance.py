@@ -233,25 +233,32 @@ def _collect(x: torch.Tensor, thr: float, expected: int | None
 class _Slots:
     """What `fill` wrote for tensor `x` and the keys from `lo` to Inf's (NaN's excluded):
     each chunk's hits (int32 offsets in the chunk and raw elements) in its slot of
-    `offsets` and `raw`, their number in `counts`, and how many of them fit in the slot in
-    `written`; `sums`, the hits' moments where they were asked for."""
+    `offsets` and `raw` (chunk c's is bounds[c]:bounds[c + 1]), their number in `counts`,
+    and how many of them fit in the slot in `written`; `sums`, the hits' moments where
+    they were asked for."""
 
     x: torch.Tensor
     lo: int
     offsets: np.ndarray
     raw: np.ndarray
+    bounds: np.ndarray
     counts: np.ndarray
     written: np.ndarray
     sums: Moments | None = None
 
-    def sums_spec(self, sums_over: float | None) -> tuple[np.ndarray, float, np.ndarray]:
+    @property
+    def overflowed(self) -> bool:
+        return bool((self.written < self.counts).any())
+
+    def sums_spec(self, sums_over: float | None, sums: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, float, np.ndarray]:
         """The kernels' arguments for per-slot moments over `sums_over` (none when None):
         the slots' elements as floats (float32 or float64 tensors), the threshold, a row of
-        sums per slot."""
+        sums per slot (`sums` where given, else new)."""
         if sums_over is None:
             return self.raw, 0.0, np.zeros((0, 3))
         return (self.raw.view(_NUMPY_FLOAT[self.x.dtype]), rounded(sums_over, self.x.dtype),
-                np.zeros((self.counts.size, 3)))
+                np.zeros((self.counts.size, 3)) if sums is None else sums)
 
     def place(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(ascending int64 positions, elements) of the hits, the chunks whose slot
@@ -264,30 +271,49 @@ class _Slots:
         values = dense_empty(total, lay.int_dtype, "cpu").numpy()
         with threads(x) as parallel:
             _kernels().place(_key_view(x), lay.mask, lay.top, self.lo, lay.inf - self.lo,
-                             self.offsets, self.raw, self.counts, self.written, positions,
-                             values, parallel)
+                             self.offsets, self.raw, self.bounds, self.counts, self.written,
+                             positions, values, parallel)
         return torch.from_numpy(positions), torch.from_numpy(values).view(x.dtype)
 
 
+def _slot_bounds(sizes: np.ndarray) -> np.ndarray:
+    """Where each chunk's slot starts and the last ends, for slots of `sizes` hits (plus
+    the room a block's stores need)."""
+    bounds = np.zeros(sizes.size + 1, np.int64)
+    np.cumsum(sizes + _kernels().STRIDE, out=bounds[1:])
+    return bounds
+
+
 def _fill(x: torch.Tensor, thr: float, expected: int | None,
-          sums_over: float | None = None) -> _Slots | None:
+          sums_over: float | None = None, complete: bool = False) -> _Slots | None:
     """`fill`'s first pass of a selection of |x| >= thr into per-chunk slots sized from
-    `expected`, with the hits' moments over `sums_over` where given (in `sums`, valid
-    when no slot overflowed); None when nothing compares >= thr (NaN)."""
+    `expected` (twice each chunk's share), with the hits' moments over `sums_over` where
+    given (in `sums`, valid when every hit was written); None when nothing compares >= thr
+    (NaN). With `complete`, the chunks whose slot overflowed are collected again into
+    slots of the sizes the pass counted (`refill`), so that every hit is written."""
     lo = threshold_key(thr, x.dtype)
     if lo is None:
         return None
     d, lay, kernels = x.numel(), layout(x), _kernels()
-    guess = d if expected is None else max(0, int(expected))
-    cap = min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)
     chunks = -(-d // CHUNK)
-    offsets, raw = _staging(chunks * (cap + kernels.STRIDE), lay.int_dtype)
+    guess = d if expected is None else max(0, int(expected))
+    bounds = _slot_bounds(np.full(chunks, min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)))
+    offsets, raw = _staging(int(bounds[-1]), lay.int_dtype)
     counts, written = np.zeros(chunks, np.int64), np.zeros(chunks, np.int64)
-    slots = _Slots(x, lo, offsets, raw, counts, written)
+    slots = _Slots(x, lo, offsets, raw, bounds, counts, written)
     values, sums_lo, sums = slots.sums_spec(sums_over)
     with threads(x) as parallel:
-        kernels.fill(_key_view(x), lay.mask, lay.top, lo, lay.inf - lo, offsets, raw, counts,
-                     written, parallel, values, sums_lo, sums)
+        kernels.fill(_key_view(x), lay.mask, lay.top, lo, lay.inf - lo, offsets, raw, bounds,
+                     counts, written, parallel, values, sums_lo, sums)
+        if complete and slots.overflowed:
+            bounds = _slot_bounds(counts)
+            new = _Slots(x, lo, *_staging(int(bounds[-1]), lay.int_dtype), bounds, counts,
+                         written)
+            values, _, _ = new.sums_spec(sums_over, sums)
+            kernels.refill(_key_view(x), lay.mask, lay.top, lo, lay.inf - lo, slots.offsets,
+                           slots.raw, slots.bounds, counts, written, new.offsets, new.raw,
+                           new.bounds, parallel, values, sums_lo, sums)
+            slots = new
     slots.sums = _summed(sums) if sums_over is not None else None
     return slots
 
@@ -314,16 +340,19 @@ class Pool:
     @classmethod
     def collect(cls, x: torch.Tensor, thr: float, backend: str = "auto",
                 expected: int | None = None, sums_over: float | None = None) -> Pool | None:
-        """The pool of |x| >= thr (thr finite), with `sums` = moments(x, sums_over) where
-        sums_over >= thr is given; None when a chunk held more than twice its share of
-        `expected` (the count that sizes the slots) and its slot overflowed."""
+        """The pool of |x| >= thr, with `sums` = moments(x, sums_over) where
+        sums_over >= thr is given. `expected` (the likely count) sizes the numba kernels'
+        per-chunk slots; the chunks that hold more than twice their share (hits clustered
+        in a few layers of a model's gradients, or many more than expected) are collected
+        again into slots of the sizes the first pass counted. None when nothing compares
+        >= thr (NaN)."""
         if not use_numba(backend, x):
             positions = torch.nonzero(x.abs() >= thr).view(-1)
             pool = cls(x, positions=positions, values=x.index_select(0, positions))
             pool.sums = None if sums_over is None else moments(pool.values, sums_over, "torch")
             return pool
-        slots = _fill(x, thr, expected, sums_over)
-        if slots is None or bool((slots.written < slots.counts).any()):
+        slots = _fill(x, thr, expected, sums_over, complete=True)
+        if slots is None:
             return None
         pool = cls(x, slots=slots)
         pool.sums = slots.sums
@@ -344,8 +373,8 @@ class Pool:
         slots.lo = lo = threshold_key(thr, self.x.dtype)
         values, sums_lo, sums = slots.sums_spec(sums_over)
         with threads(self.x) as parallel:
-            _kernels().keep(slots.offsets, slots.raw, slots.counts, lay.mask, lay.top, lo,
-                            lay.inf - lo, parallel, values, sums_lo, sums)
+            _kernels().keep(slots.offsets, slots.raw, slots.bounds, slots.counts, lay.mask,
+                            lay.top, lo, lay.inf - lo, parallel, values, sums_lo, sums)
         slots.written = slots.counts
         return None if sums_over is None else _summed(sums)
 
