@@ -11,7 +11,7 @@ set -euo pipefail
 OUT=multirun/results
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
-  sparse_model every_method bench_sidco bench_receive bench_fig10 natural_table1 variance grace_reference \
+  sparse_model every_method bench_sidco sidco_bound bench_receive bench_fig10 natural_table1 variance grace_reference \
   powersgd_vs_torch hook long_run netbench)
 
 train_into() {  # train_into DIR [overrides...]: a multirun into an emptied $OUT/DIR
@@ -62,6 +62,7 @@ for step in "${steps[@]}"; do
       gracecomm-bench sizes=[26214400] ratios=[0.01,0.001] \
         distributions=[laplace,student_t] gradients=[] steps=20 repeats=3 \
         hydra.run.dir=outputs/results/bench_sidco | tee results/bench_sidco.txt ;;
+    sidco_bound) python results/sidco_bound.py | tee results/sidco_bound.md ;;
     bench_receive)
       gracecomm-bench 'methods=[natural,natural_dithering,standard_dithering,qsgd,terngrad,signsgd,onebit,efsignsgd]' \
         sizes=[26214400] ratios=[0.01] gradients=[] distributions=[laplace] peak_memory=false \
