@@ -2,6 +2,7 @@
 stamps the page with the commit its numbers come from."""
 
 import re
+import sys
 import subprocess
 from pathlib import Path
 
@@ -54,3 +55,13 @@ def test_no_placeholder_is_left_on_the_page():
     section published without its numbers."""
     page = (ROOT / "results" / "README.md").read_text()
     assert re.findall(r"@@\w+@@", page) == []
+
+
+def test_the_sidco_bound_script_runs():
+    """`python results/sidco_bound.py` (the results page's floor for SIDCo-E on heavy tails)
+    still runs against the kernels it drives, on a small tensor."""
+    done = subprocess.run([sys.executable, str(ROOT / "results" / "sidco_bound.py"),
+                           "--numel", "1048576", "--repeats", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| floor: the cheapest of (a)-(c) and decompression |" in done.stdout
