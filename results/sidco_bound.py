@@ -74,7 +74,7 @@ def main() -> None:
     lay, keys = exceedance.layout(x), exceedance._key_view(x)
     lo1, lo2 = (exceedance.threshold_key(t, x.dtype) for t in (eta1, above2))
     chunks = -(-args.numel // kernels.CHUNK)
-    bounds = exceedance._slot_bounds(  # sized as `Pool.collect` sizes them
+    bounds = kernels.slot_bounds(  # sized as `Pool.collect` sizes them
         np.full(chunks, 2 * exceed.count * kernels.CHUNK // args.numel + 16))
     offsets, raw = np.empty(bounds[-1], np.int32), np.empty(bounds[-1], np.int32)
     counts, written = np.zeros(chunks, np.int64), np.zeros(chunks, np.int64)

@@ -19,7 +19,7 @@ from gracecomm.compressors.topk import TopK
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 BACKENDS = ["torch"] + (["numba"] if numba_available() else [])
-KINDS = ["normal", "ties", "allequal", "zeros", "nonfinite", "denormal", "huge"]
+KINDS = ["normal", "ties", "allequal", "zeros", "nonfinite", "denormal", "huge", "clustered"]
 
 
 def tensor(kind: str, d: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -27,6 +27,8 @@ def tensor(kind: str, d: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     x = torch.randn(d, generator=gen, dtype=torch.float64)
     if kind == "ties":  # few distinct magnitudes, both signs
         x = torch.randint(-4, 5, (d,), generator=gen).double()
+    elif kind == "clustered":  # the largest in one stretch, as in a model's gradients:
+        x[: max(1, d // 8)] *= 1000  # the selection's per-chunk slots overflow there
     elif kind == "allequal":
         x = torch.full((d,), -2.5, dtype=torch.float64)
     elif kind == "zeros":

@@ -140,7 +140,8 @@ def moments(x, lo, parallel, logs):  # pragma: no cover - compiled
 
 
 # -- selection by magnitude keys -----------------------------------------------------------
-def _key_hits(context, builder, array_type, y, start, mask, top, lo, span):  # type: ignore[no-untyped-def]
+def _key_hits(context, builder, array_type, y, start, mask, top, lo,  # type: ignore[no-untyped-def]
+              span):
     """(block, hits) for the LANES keys of y[start:start + LANES]: the elements' bits and
     the lanes whose key (`_key`) is a hit, lo <= key <= lo + span."""
     block = load_lanes(context, builder, array_type, y, start)
@@ -269,20 +270,13 @@ def _fill_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written
 
 
 @numba.njit(cache=True)
-def _place_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written, starts,
-                 positions, out_raw):  # pragma: no cover - compiled
-    """Pass 2 for chunk c: its hits at their place in the result, rescanning the chunk if
-    its slot overflowed."""
+def _place_chunk(c, offsets, raw, bounds, counts, starts, positions,
+                 out_raw):  # pragma: no cover - compiled
+    """Pass 2 for chunk c: its hits, every one in its slot, at their place in the result."""
     m, o, base, slot = counts[c], starts[c], c * CHUNK, bounds[c]
-    if written[c] < m:
-        buf_o, buf_r = np.empty(m + STRIDE, np.int32), np.empty(m + STRIDE, x.dtype)
-        _chunk_collect(x[base:min(x.size, base + CHUNK)], mask, top, lo, span, buf_o, buf_r,
-                       False)
-    else:
-        buf_o, buf_r = offsets[slot:slot + m], raw[slot:slot + m]
     for j in range(m):
-        positions[o + j] = buf_o[j] + base
-        out_raw[o + j] = buf_r[j]
+        positions[o + j] = offsets[slot + j] + base
+        out_raw[o + j] = raw[slot + j]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -294,11 +288,20 @@ def _fill_threads(x, mask, top, lo, span, offsets, raw, bounds, counts, written,
 
 
 @numba.njit(parallel=True, cache=True)
-def _place_threads(x, mask, top, lo, span, offsets, raw, bounds, counts, written, starts,
-                   positions, out_raw):  # pragma: no cover - compiled
+def _place_threads(offsets, raw, bounds, counts, starts, positions,
+                   out_raw):  # pragma: no cover - compiled
     for c in numba.prange(counts.size):
-        _place_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written, starts,
-                     positions, out_raw)
+        _place_chunk(c, offsets, raw, bounds, counts, starts, positions, out_raw)
+
+
+@numba.njit(cache=True)
+def slot_bounds(sizes):  # pragma: no cover - compiled
+    """Where each chunk's slot starts and the last one ends, for slots of `sizes` hits
+    (each with the room a block's stores need)."""
+    bounds = np.zeros(sizes.size + 1, np.int64)
+    for c in range(sizes.size):
+        bounds[c + 1] = bounds[c] + sizes[c] + STRIDE
+    return bounds
 
 
 @numba.njit(cache=True)
@@ -357,44 +360,50 @@ def refill(x, mask, top, lo, span, offsets, raw, bounds, counts, written, new_of
 
 
 @numba.njit(cache=True)
-def place(x, mask, top, lo, span, offsets, raw, bounds, counts, written, positions, out_raw,
+def place(offsets, raw, bounds, counts, positions, out_raw,
           parallel):  # pragma: no cover - compiled
-    """Pass 2 of `collect`: the hits at their place in `positions` (int64) and `out_raw`,
-    sized counts.sum(), rescanning the chunks whose slot overflowed."""
+    """Pass 2 of `collect`: the hits, every one in its slot (after `refill` where a slot
+    overflowed), at their place in `positions` (int64) and `out_raw`, sized
+    counts.sum()."""
     starts = np.zeros(counts.size + 1, np.int64)
     for c in range(counts.size):
         starts[c + 1] = starts[c] + counts[c]
     if parallel:
-        _place_threads(x, mask, top, lo, span, offsets, raw, bounds, counts, written, starts,
-                       positions, out_raw)
+        _place_threads(offsets, raw, bounds, counts, starts, positions, out_raw)
     else:
         for c in range(counts.size):
-            _place_chunk(x, mask, top, lo, span, c, offsets, raw, bounds, counts, written,
-                         starts, positions, out_raw)
+            _place_chunk(c, offsets, raw, bounds, counts, starts, positions, out_raw)
 
 
 @numba.njit(cache=True)
 def collect(x, mask, top, lo, span, cap, limit, parallel):  # pragma: no cover - compiled
     """(count, ascending int64 positions, elements) of the hits of the key view `x`; the
     positions and elements only when count <= limit (else empty arrays). `cap` sizes the
-    per-chunk buffers; a chunk with more hits is rescanned into its exact slot. For
+    per-chunk slots; the chunks with more hits are collected again (`refill`). For
     `top_k`'s small candidate sets: large results are collected by `fill` and `place` into
     buffers numpy allocates (`gracecomm.compressors.shared.exceedance`)."""
     chunks = (x.size + CHUNK - 1) // CHUNK
-    bounds = np.arange(chunks + 1) * (cap + STRIDE)
+    bounds = slot_bounds(np.full(chunks, cap, np.int64))
     offsets = np.empty(bounds[-1], np.int32)
     raw = np.empty(bounds[-1], x.dtype)
     counts = np.zeros(chunks, np.int64)
     written = np.zeros(chunks, np.int64)
+    none = np.empty((0, 3))
     fill(x, mask, top, lo, span, offsets, raw, bounds, counts, written, parallel, raw, 0.0,
-         np.empty((0, 3)))
+         none)
     total = counts.sum()
     if total > limit:
         return total, np.empty(0, np.int64), np.empty(0, x.dtype)
+    if (written < counts).any():
+        new_bounds = slot_bounds(counts)
+        new_offsets = np.empty(new_bounds[-1], np.int32)
+        new_raw = np.empty(new_bounds[-1], x.dtype)
+        refill(x, mask, top, lo, span, offsets, raw, bounds, counts, written, new_offsets,
+               new_raw, new_bounds, parallel, new_raw, 0.0, none)
+        offsets, raw, bounds = new_offsets, new_raw, new_bounds
     positions = np.empty(total, np.int64)
     out_raw = np.empty(total, x.dtype)
-    place(x, mask, top, lo, span, offsets, raw, bounds, counts, written, positions, out_raw,
-          parallel)
+    place(offsets, raw, bounds, counts, positions, out_raw, parallel)
     return total, positions, out_raw
 
 

@@ -231,11 +231,10 @@ def _collect(x: torch.Tensor, thr: float, expected: int | None
 
 @dataclass
 class _Slots:
-    """What `fill` wrote for tensor `x` and the keys from `lo` to Inf's (NaN's excluded):
+    """What `_fill` collected of tensor `x` with keys from `lo` to Inf's (NaN's excluded):
     each chunk's hits (int32 offsets in the chunk and raw elements) in its slot of
-    `offsets` and `raw` (chunk c's is bounds[c]:bounds[c + 1]), their number in `counts`,
-    and how many of them fit in the slot in `written`; `sums`, the hits' moments where
-    they were asked for."""
+    `offsets` and `raw` (chunk c's is bounds[c]:bounds[c + 1]) and their number in
+    `counts`; `sums`, the hits' moments where they were asked for."""
 
     x: torch.Tensor
     lo: int
@@ -243,12 +242,7 @@ class _Slots:
     raw: np.ndarray
     bounds: np.ndarray
     counts: np.ndarray
-    written: np.ndarray
     sums: Moments | None = None
-
-    @property
-    def overflowed(self) -> bool:
-        return bool((self.written < self.counts).any())
 
     def sums_spec(self, sums_over: float | None, sums: np.ndarray | None = None
                   ) -> tuple[np.ndarray, float, np.ndarray]:
@@ -261,8 +255,7 @@ class _Slots:
                 np.zeros((self.counts.size, 3)) if sums is None else sums)
 
     def place(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ascending int64 positions, elements) of the hits, the chunks whose slot
-        overflowed rescanned."""
+        """(ascending int64 positions, elements) of the hits (every one written)."""
         x, lay = self.x, layout(self.x)
         total = int(self.counts.sum())
         # the results on recycled buffers too (`_staging`): a 5% selection of a 26M-element
@@ -270,45 +263,35 @@ class _Slots:
         positions = dense_empty(total, torch.int64, "cpu").numpy()
         values = dense_empty(total, lay.int_dtype, "cpu").numpy()
         with threads(x) as parallel:
-            _kernels().place(_key_view(x), lay.mask, lay.top, self.lo, lay.inf - self.lo,
-                             self.offsets, self.raw, self.bounds, self.counts, self.written,
-                             positions, values, parallel)
+            _kernels().place(self.offsets, self.raw, self.bounds, self.counts, positions,
+                             values, parallel)
         return torch.from_numpy(positions), torch.from_numpy(values).view(x.dtype)
 
 
-def _slot_bounds(sizes: np.ndarray) -> np.ndarray:
-    """Where each chunk's slot starts and the last ends, for slots of `sizes` hits (plus
-    the room a block's stores need)."""
-    bounds = np.zeros(sizes.size + 1, np.int64)
-    np.cumsum(sizes + _kernels().STRIDE, out=bounds[1:])
-    return bounds
-
-
 def _fill(x: torch.Tensor, thr: float, expected: int | None,
-          sums_over: float | None = None, complete: bool = False) -> _Slots | None:
-    """`fill`'s first pass of a selection of |x| >= thr into per-chunk slots sized from
-    `expected` (twice each chunk's share), with the hits' moments over `sums_over` where
-    given (in `sums`, valid when every hit was written); None when nothing compares >= thr
-    (NaN). With `complete`, the chunks whose slot overflowed are collected again into
-    slots of the sizes the pass counted (`refill`), so that every hit is written."""
+          sums_over: float | None = None) -> _Slots | None:
+    """Every hit of |x| >= thr into per-chunk slots sized from `expected` (twice each
+    chunk's share) by `fill`, with their moments over `sums_over` where given; the chunks
+    whose slot overflowed are collected again into slots of the sizes `fill` counted
+    (`refill`), so that every hit is written. None when nothing compares >= thr (NaN)."""
     lo = threshold_key(thr, x.dtype)
     if lo is None:
         return None
     d, lay, kernels = x.numel(), layout(x), _kernels()
     chunks = -(-d // CHUNK)
     guess = d if expected is None else max(0, int(expected))
-    bounds = _slot_bounds(np.full(chunks, min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)))
+    cap = min(CHUNK, 2 * guess * CHUNK // max(1, d) + 16)
+    bounds = kernels.slot_bounds(np.full(chunks, cap, np.int64))
     offsets, raw = _staging(int(bounds[-1]), lay.int_dtype)
     counts, written = np.zeros(chunks, np.int64), np.zeros(chunks, np.int64)
-    slots = _Slots(x, lo, offsets, raw, bounds, counts, written)
+    slots = _Slots(x, lo, offsets, raw, bounds, counts)
     values, sums_lo, sums = slots.sums_spec(sums_over)
     with threads(x) as parallel:
         kernels.fill(_key_view(x), lay.mask, lay.top, lo, lay.inf - lo, offsets, raw, bounds,
                      counts, written, parallel, values, sums_lo, sums)
-        if complete and slots.overflowed:
-            bounds = _slot_bounds(counts)
-            new = _Slots(x, lo, *_staging(int(bounds[-1]), lay.int_dtype), bounds, counts,
-                         written)
+        if (written < counts).any():
+            bounds = kernels.slot_bounds(counts)
+            new = _Slots(x, lo, *_staging(int(bounds[-1]), lay.int_dtype), bounds, counts)
             values, _, _ = new.sums_spec(sums_over, sums)
             kernels.refill(_key_view(x), lay.mask, lay.top, lo, lay.inf - lo, slots.offsets,
                            slots.raw, slots.bounds, counts, written, new.offsets, new.raw,
@@ -351,7 +334,7 @@ class Pool:
             pool = cls(x, positions=positions, values=x.index_select(0, positions))
             pool.sums = None if sums_over is None else moments(pool.values, sums_over, "torch")
             return pool
-        slots = _fill(x, thr, expected, sums_over, complete=True)
+        slots = _fill(x, thr, expected, sums_over)
         if slots is None:
             return None
         pool = cls(x, slots=slots)
@@ -375,7 +358,6 @@ class Pool:
         with threads(self.x) as parallel:
             _kernels().keep(slots.offsets, slots.raw, slots.bounds, slots.counts, lay.mask,
                             lay.top, lo, lay.inf - lo, parallel, values, sums_lo, sums)
-        slots.written = slots.counts
         return None if sums_over is None else _summed(sums)
 
     def indices(self) -> torch.Tensor:
