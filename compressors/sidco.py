@@ -384,13 +384,14 @@ class SIDCo(ThresholdSparsifier):
         """(eta, stages used, exact selection if a guard resolved the tensor exactly, the
         pool of exceedances the later stages ran on). Each later stage sums the exceedances
         of the previous threshold. Once few enough of a large tensor's elements exceed it
-        (`pools`), they are collected into a `Pool` in one pass (two where they cluster), and the remaining stages
-        and the final selection read only the pool instead of the whole tensor (heavy tails
-        take 8-10 stages at density 0.001): each stage filters the pool in place to its
-        exceedances and sums them as it goes. When the density the threshold was fitted to
-        keep is that small already, the collection replaces the stage's pass over the
-        tensor and sums what it collects. A threshold that is not a number (sums that
-        overflowed) collects nothing, and no collection is tried again in the call."""
+        (`pools`), they are collected into a `Pool` in one pass (the chunks where they
+        cluster collected again), and the remaining stages and the final selection read
+        only the pool instead of the whole tensor (heavy tails take 8-10 stages at density
+        0.001): each stage filters the pool in place to its exceedances and sums them as it
+        goes. When the density the threshold was fitted to keep is that small already, the
+        collection replaces the stage's pass over the tensor and sums what it collects. A
+        threshold that is not a number (sums that overflowed) collects nothing, and no
+        collection is tried again in the call."""
         d = x.numel()
         n = first.count if self.exclude_zeros else d
         density = min(1.0, self.ratio * d / n)  # G4: delta' over the nonzeros

@@ -231,13 +231,12 @@ def _collect(x: torch.Tensor, thr: float, expected: int | None
 
 @dataclass
 class _Slots:
-    """What `_fill` collected of tensor `x` with keys from `lo` to Inf's (NaN's excluded):
-    each chunk's hits (int32 offsets in the chunk and raw elements) in its slot of
-    `offsets` and `raw` (chunk c's is bounds[c]:bounds[c + 1]) and their number in
+    """What `_fill` collected of tensor `x` (keys from a threshold's to Inf's, NaN's
+    excluded): each chunk's hits (int32 offsets in the chunk and raw elements) in its slot
+    of `offsets` and `raw` (chunk c's is bounds[c]:bounds[c + 1]) and their number in
     `counts`; `sums`, the hits' moments where they were asked for."""
 
     x: torch.Tensor
-    lo: int
     offsets: np.ndarray
     raw: np.ndarray
     bounds: np.ndarray
@@ -284,14 +283,14 @@ def _fill(x: torch.Tensor, thr: float, expected: int | None,
     bounds = kernels.slot_bounds(np.full(chunks, cap, np.int64))
     offsets, raw = _staging(int(bounds[-1]), lay.int_dtype)
     counts, written = np.zeros(chunks, np.int64), np.zeros(chunks, np.int64)
-    slots = _Slots(x, lo, offsets, raw, bounds, counts)
+    slots = _Slots(x, offsets, raw, bounds, counts)
     values, sums_lo, sums = slots.sums_spec(sums_over)
     with threads(x) as parallel:
         kernels.fill(_key_view(x), lay.mask, lay.top, lo, lay.inf - lo, offsets, raw, bounds,
                      counts, written, parallel, values, sums_lo, sums)
         if (written < counts).any():
             bounds = kernels.slot_bounds(counts)
-            new = _Slots(x, lo, *_staging(int(bounds[-1]), lay.int_dtype), bounds, counts)
+            new = _Slots(x, *_staging(int(bounds[-1]), lay.int_dtype), bounds, counts)
             values, _, _ = new.sums_spec(sums_over, sums)
             kernels.refill(_key_view(x), lay.mask, lay.top, lo, lay.inf - lo, slots.offsets,
                            slots.raw, slots.bounds, counts, written, new.offsets, new.raw,
@@ -353,7 +352,7 @@ class Pool:
             self.positions, self.values = self.positions[kept], self.values[kept]
             return None if sums_over is None else moments(self.values, sums_over, "torch")
         slots, lay = self.slots, layout(self.x)
-        slots.lo = lo = threshold_key(thr, self.x.dtype)
+        lo = threshold_key(thr, self.x.dtype)
         values, sums_lo, sums = slots.sums_spec(sums_over)
         with threads(self.x) as parallel:
             _kernels().keep(slots.offsets, slots.raw, slots.bounds, slots.counts, lay.mask,
