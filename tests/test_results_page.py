@@ -2,8 +2,8 @@
 stamps the page with the commit its numbers come from."""
 
 import re
-import sys
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
