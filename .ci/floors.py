@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 FLOOR = re.compile(r"^\s*([A-Za-z0-9._-]+)(\[[^\]]*\])?\s*>=\s*([^,;\s]+)\s*(?:;.*)?$")
 

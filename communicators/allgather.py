@@ -7,12 +7,10 @@ from collections.abc import Generator, Sequence
 
 import torch
 
-from grace.communicator import Communicator, Item, payload_device
-from grace.exchange import Link, Rounds, Works
-from grace.registry import COMMUNICATORS
-from grace.wire import payload_nbytes
-
-
+from gracecomm.communicator import Communicator, Item, payload_device
+from gracecomm.exchange import Link, Rounds, Works
+from gracecomm.registry import COMMUNICATORS
+from gracecomm.wire import payload_nbytes
 
 
 def padded_payloads(comm: Communicator, link: Link, items: Sequence[Item],

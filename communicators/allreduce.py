@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from grace.communicator import Communicator, Item, payload_device
-from grace.compressor import Compressor
-from grace.exchange import Link, Rounds
-from grace.registry import COMMUNICATORS
-from grace.validation import ConfigError, IncompatibleError
-from grace.wire import payload_nbytes
+from gracecomm.communicator import Communicator, Item, payload_device
+from gracecomm.compressor import Compressor
+from gracecomm.exchange import Link, Rounds
+from gracecomm.registry import COMMUNICATORS
+from gracecomm.validation import ConfigError, IncompatibleError
+from gracecomm.wire import payload_nbytes
 
 
 def flat_copy(tensors: list[torch.Tensor], world: int) -> torch.Tensor:

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import torch
 
-from grace.communicator import Communicator, Item, payload_device
-from grace.exchange import Link, Rounds
-from grace.registry import COMMUNICATORS
-from grace.wire import payload_nbytes
+from gracecomm.communicator import Communicator, Item, payload_device
+from gracecomm.exchange import Link, Rounds
+from gracecomm.registry import COMMUNICATORS
+from gracecomm.wire import payload_nbytes
 
 
 @COMMUNICATORS.register("broadcast")

@@ -17,16 +17,14 @@ from typing import Any
 
 import torch
 
-from grace.communicator import Communicator, Item, crc32, payload_device
-from grace.compressor import Compressor, Payload, TensorInfo
-from grace.exchange import Link, Rounds, Works
-from grace.pipeline import make_part
-from grace.registry import COMMUNICATORS, COMPRESSORS
-from grace.validation import ConfigError, IncompatibleError, PayloadError, check_range
-from grace.wire import pack_described, payload_nbytes, unpack_described
+from gracecomm.communicator import Communicator, Item, crc32, payload_device
 from gracecomm.communicators.allgather import padded_payloads
-
-
+from gracecomm.compressor import Compressor, Payload, TensorInfo
+from gracecomm.exchange import Link, Rounds, Works
+from gracecomm.pipeline import make_part
+from gracecomm.registry import COMMUNICATORS, COMPRESSORS
+from gracecomm.validation import ConfigError, IncompatibleError, PayloadError, check_range
+from gracecomm.wire import pack_described, payload_nbytes, unpack_described
 
 NONFINITE = 2  # the status the master broadcasts when a rank's input was non-finite
 
@@ -37,7 +35,7 @@ class ServerError(RuntimeError):
 
 
 def pack(payloads: Sequence[tuple[TensorInfo, Payload]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The downlink: (result shape and dtype, payload) pairs as `grace.wire.pack_described`
+    """The downlink: (result shape and dtype, payload) pairs as `gracecomm.wire.pack_described`
     lays them out."""
     return pack_described([(info.shape, info.dtype, payload) for info, payload in payloads])
 

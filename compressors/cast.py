@@ -11,11 +11,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from grace.compressor import Compressor, Payload, PayloadSpec, TensorInfo
+from gracecomm.buffers import dense_empty
+from gracecomm.compressor import Compressor, Payload, PayloadSpec, TensorInfo
 from gracecomm.compressors.shared.exceedance import count_infinite
-from grace.registry import COMPRESSORS
-from grace.sparse import dense_empty
-from grace.validation import expect_payload
+from gracecomm.registry import COMPRESSORS
+from gracecomm.validation import expect_payload
 
 
 def saturating_cast(flat: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, int]:

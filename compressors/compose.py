@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from grace.compressor import Capabilities, Compressor, Payload
-from grace.needs import Need
-from grace.pipeline import make_part
-from grace.registry import COMPRESSORS
-from grace.validation import ConfigError, PayloadError
+from gracecomm.compressor import Capabilities, Compressor, Payload
+from gracecomm.needs import Need
+from gracecomm.pipeline import make_part
+from gracecomm.registry import COMPRESSORS
+from gracecomm.validation import ConfigError, PayloadError
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,17 @@ import math
 
 import torch
 
-from gracecomm.compressors.shared.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
+from gracecomm.compressors.shared.estimation import (
+    Selection,
+    ThresholdSparsifier,
+    empty_selection,
+    exact_topk,
+)
 from gracecomm.compressors.shared.exceedance import above, below, count_above, select, top_k_of
-from grace.registry import COMPRESSORS
-from grace.rng import SharedStreams
-from grace.sparse import DEFAULT_RATIO
-from grace.validation import check_choice, check_range
+from gracecomm.registry import COMPRESSORS
+from gracecomm.rng import SharedStreams
+from gracecomm.sparse import DEFAULT_RATIO
+from gracecomm.validation import check_choice, check_range
 
 
 @COMPRESSORS.register("dgc")

@@ -29,14 +29,29 @@ from typing import Any, ClassVar
 
 import torch
 
-from grace.compressor import Compressor, Payload, PayloadSpec, TensorInfo
-from grace.registry import COMPRESSORS
-from grace.sparse import dense_empty
-from gracecomm.compressors.shared.stochastic import (FLOAT_BITS, RandomStreams, check_rng, natural_round,
-                              natural_round_bits, random_bits, second_key, uniform, use_kernels)
-from grace.validation import (ConfigError, PayloadError, check_choice, check_range, expect_payload,
-                              wire_float32)
-from grace.wire import bits_for, pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint
+from gracecomm.buffers import dense_empty
+from gracecomm.compressor import Compressor, Payload, PayloadSpec, TensorInfo
+from gracecomm.compressors.shared.stochastic import (
+    FLOAT_BITS,
+    RandomStreams,
+    check_rng,
+    natural_round,
+    natural_round_bits,
+    random_bits,
+    second_key,
+    uniform,
+    use_kernels,
+)
+from gracecomm.registry import COMPRESSORS
+from gracecomm.validation import (
+    ConfigError,
+    PayloadError,
+    check_choice,
+    check_range,
+    expect_payload,
+    wire_float32,
+)
+from gracecomm.wire import bits_for, pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint
 
 F32 = FLOAT_BITS[torch.float32]
 NORMS = {1: 1.0, 2: 2.0, "inf": math.inf}

@@ -22,9 +22,9 @@ import torch
 
 from gracecomm.compressors.shared.estimation import Selection, ThresholdSparsifier, empty_selection
 from gracecomm.compressors.shared.exceedance import above, count_above, moments, select
-from grace.registry import COMPRESSORS
-from grace.sparse import DEFAULT_RATIO
-from grace.validation import check_range
+from gracecomm.registry import COMPRESSORS
+from gracecomm.sparse import DEFAULT_RATIO
+from gracecomm.validation import check_range
 
 
 @COMPRESSORS.register("gaussiank")

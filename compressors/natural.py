@@ -46,14 +46,29 @@ from typing import Any
 import numpy as np
 import torch
 
-from grace.compressor import Capabilities, Compressor, Payload, PayloadSpec, TensorInfo
-from grace.registry import COMPRESSORS
-from grace.sparse import dense_empty
-from gracecomm.compressors.shared.stochastic import (FLOAT_BITS, RandomStreams, check_rng, kernels_enabled,
-                              natural_round_bits, random_bits, second_key, use_kernels)
-from grace.validation import (ConfigError, PayloadError, all_finite, check_choice,
-                              check_range, expect_payload, nonfinite_error)
-from grace.wire import pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint
+from gracecomm.buffers import dense_empty
+from gracecomm.compressor import Capabilities, Compressor, Payload, PayloadSpec, TensorInfo
+from gracecomm.compressors.shared.stochastic import (
+    FLOAT_BITS,
+    RandomStreams,
+    check_rng,
+    kernels_enabled,
+    natural_round_bits,
+    random_bits,
+    second_key,
+    use_kernels,
+)
+from gracecomm.registry import COMPRESSORS
+from gracecomm.validation import (
+    ConfigError,
+    PayloadError,
+    all_finite,
+    check_choice,
+    check_range,
+    expect_payload,
+    nonfinite_error,
+)
+from gracecomm.wire import pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint
 
 F32, F64 = FLOAT_BITS[torch.float32], FLOAT_BITS[torch.float64]
 WIRES = ("nat9", "nat8", "float32", "int_fixed")

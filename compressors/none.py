@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from grace.compressor import Compressor, Payload, TensorInfo
-from grace.registry import COMPRESSORS
-from grace.validation import expect_payload
+from gracecomm.compressor import Compressor, Payload, TensorInfo
+from gracecomm.registry import COMPRESSORS
+from gracecomm.validation import expect_payload
 
 
 @COMPRESSORS.register("none")

@@ -42,11 +42,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from grace.compressor import Compressor, Payload, TensorInfo
-from grace.exchange import Link, Works
-from grace.registry import COMPRESSORS
-from grace.sparse import dense_empty
-from grace.validation import PayloadError, check_range
+from gracecomm.buffers import dense_empty
+from gracecomm.compressor import Compressor, Payload, TensorInfo
+from gracecomm.exchange import Link, Works
+from gracecomm.registry import COMPRESSORS
+from gracecomm.validation import PayloadError, check_range
 
 SEED_RANGE = 1_000_000_000  # PyTorch's hook seeds torch with randint(SEED_RANGE)
 

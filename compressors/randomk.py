@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from grace.compressor import Compressor, Payload, TensorInfo
-from grace.registry import COMPRESSORS
-from grace.rng import SharedStreams
-from grace.sparse import DEFAULT_RATIO, SparseSelection, desparsify, index_mask
+from gracecomm.compressor import Compressor, Payload, TensorInfo
 from gracecomm.compressors.shared.stochastic import counter_hash, kernels_enabled, second_key
-from grace.validation import check_choice, check_ratio, num_kept
+from gracecomm.registry import COMPRESSORS
+from gracecomm.rng import SharedStreams
+from gracecomm.sparse import DEFAULT_RATIO, SparseSelection, desparsify, index_mask
+from gracecomm.validation import check_choice, check_ratio, num_kept
 
 SUBSET_LIMIT = 2**31  # tensors up to this size: the draws' arithmetic is exact in int64
 

@@ -21,8 +21,8 @@ import torch
 
 from gracecomm.compressors.shared.estimation import Selection, ThresholdSparsifier, empty_selection
 from gracecomm.compressors.shared.exceedance import above, count_above, moments, select
-from grace.registry import COMPRESSORS
-from grace.sparse import DEFAULT_RATIO
+from gracecomm.registry import COMPRESSORS
+from gracecomm.sparse import DEFAULT_RATIO
 
 
 @COMPRESSORS.register("redsync")

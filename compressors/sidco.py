@@ -30,14 +30,27 @@ from typing import Any
 import torch
 from scipy import special
 
-from gracecomm.compressors.shared.estimation import Selection, ThresholdSparsifier, empty_selection, exact_topk
-from gracecomm.compressors.shared.exceedance import (Moments, Pool, above, below,
-                                                     count_above, moments, rounded, select,
-                                                     top_k_of)
-from grace.registry import COMPRESSORS
-from grace.rng import stable_hash
-from grace.sparse import DEFAULT_RATIO
-from grace.validation import ConfigError, check_choice, check_range
+from gracecomm.compressors.shared.estimation import (
+    Selection,
+    ThresholdSparsifier,
+    empty_selection,
+    exact_topk,
+)
+from gracecomm.compressors.shared.exceedance import (
+    Moments,
+    Pool,
+    above,
+    below,
+    count_above,
+    moments,
+    rounded,
+    select,
+    top_k_of,
+)
+from gracecomm.registry import COMPRESSORS
+from gracecomm.rng import stable_hash
+from gracecomm.sparse import DEFAULT_RATIO
+from gracecomm.validation import ConfigError, check_choice, check_range
 
 VARIANTS = {  # variant: (stage-1 model, model of the later stages)
     "sidco_e": ("exponential", "exponential"),

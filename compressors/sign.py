@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-from grace.compressor import Compressor, Payload, TensorInfo
-from grace.needs import Need
-from grace.registry import COMPRESSORS
-from grace.sparse import dense_empty, dense_empty_like
+from gracecomm.buffers import dense_empty, dense_empty_like
+from gracecomm.compressor import Compressor, Payload, TensorInfo
 from gracecomm.compressors.shared.stochastic import kernels_enabled, use_kernels
-from grace.validation import PayloadError, check_range, expect_payload, wire_float32
-from grace.wire import pack_bits, packed_nbytes, unpack_bits
+from gracecomm.needs import Need
+from gracecomm.registry import COMPRESSORS
+from gracecomm.validation import PayloadError, check_range, expect_payload, wire_float32
+from gracecomm.wire import pack_bits, packed_nbytes, unpack_bits
 
 
 class SignCompressor(Compressor):
@@ -202,7 +202,7 @@ class Signum(MajorityVote):
     def signal(self, x: torch.Tensor, name: str) -> torch.Tensor:
         m = self.momentums.get(name)
         # beta m + (1 - beta) g as a new tensor, so that a state snapshot stays valid (on a
-        # recycled buffer when large: `grace.sparse.dense_empty`)
+        # recycled buffer when large: `gracecomm.buffers.dense_empty`)
         out = dense_empty_like(x)
         m = (out.copy_(x) if m is None or m.shape != x.shape
              else torch.lerp(m, x, 1.0 - self.momentum, out=out))

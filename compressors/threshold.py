@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from gracecomm.compressors.shared.exceedance import check_backend, layout, select
-from grace.registry import COMPRESSORS
-from grace.sparse import Sparsifier
-from grace.validation import check_range
+from gracecomm.registry import COMPRESSORS
+from gracecomm.sparse import Sparsifier
+from gracecomm.validation import check_range
 
 
 @COMPRESSORS.register("threshold")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from grace.compressor import Payload
+from gracecomm.compressor import Payload
 from gracecomm.compressors.shared.exceedance import check_backend, layout, top_k
-from grace.registry import COMPRESSORS
-from grace.sparse import DEFAULT_RATIO, Sparsifier, index_dtype
+from gracecomm.registry import COMPRESSORS
+from gracecomm.sparse import DEFAULT_RATIO, Sparsifier, index_dtype
 
 
 @COMPRESSORS.register("topk")

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from grace.validation import ConfigError
+from gracecomm.validation import ConfigError
 
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from grace.validation import NonFiniteError
 from gracecomm.experiments.tasks import Task
+from gracecomm.validation import NonFiniteError
 
 LEARNED_FRACTION = 0.1
 MIN_EVALUATIONS = 3

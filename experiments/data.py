@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from grace.validation import MissingDependency, check_range
+from gracecomm.validation import MissingDependency, check_range
 
 
 class MissingDataset(MissingDependency):

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from grace.validation import ConfigError, MissingDependency
+from gracecomm.validation import ConfigError, MissingDependency
 
 
 class JsonlLogger:

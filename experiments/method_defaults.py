@@ -18,9 +18,9 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, open_dict
 
-from grace.compressor import Compressor
-from grace.config import instantiate
-from grace.validation import ConfigError
+from gracecomm.compressor import Compressor
+from gracecomm.config import instantiate
+from gracecomm.validation import ConfigError
 
 RECORD_KEY = "method_defaults"  # {"trainer.lr": 0.001, ...} in the run's config and summary
 

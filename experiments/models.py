@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from grace.validation import ConfigError
+from gracecomm.validation import ConfigError
 
 
 class SmallCNN(nn.Module):

@@ -26,14 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-from grace.compressor import Compressor
-from grace.wire import payload_nbytes
+from gracecomm.compressor import Compressor
 from gracecomm.compressors.compose import Compose
 from gracecomm.compressors.deepreduce import PackedIndex
 from gracecomm.compressors.dithering import NaturalDithering, StandardDithering
 from gracecomm.compressors.natural import Natural
 from gracecomm.compressors.none import NoneCompressor
 from gracecomm.compressors.topk import TopK
+from gracecomm.wire import payload_nbytes
 
 PAPER = {"Baseline": "1", "C_nat": "3.2-3.6", "S_q": "0.6-6.0", "C_nat o S_q": "1.0-10.7",
          "D_sta": "1.8-15.9", "D_nat": "4.1-16.0"}

@@ -1,5 +1,5 @@
 """Real speed on a slow link: every method trains on a shaped network, and its measured step
-time is printed next to dense DDP's and next to the cost model's projection (`grace.network`)
+time is printed next to dense DDP's and next to the cost model's projection (`gracecomm.network`)
 for the same run and link.
 
     gracecomm-netbench                               # 100 Mbit/s, configs/netbench.yaml
@@ -9,7 +9,7 @@ A private network namespace is created and its loopback shaped with a token buck
 (``tc qdisc ... tbf``) at ``bandwidth_mbps`` (and ``netem`` delay when ``latency_ms`` > 0).
 Each method's workers (`gracecomm.experiments.train`, same model, data and seed) run inside
 it on 127.0.0.1 for ``warmup_steps + steps`` steps; their per-step records give the median
-step time and the cost model's projected step times, on a `grace.network.Network` with the
+step time and the cost model's projected step times, on a `gracecomm.network.Network` with the
 shaped bandwidth, ``shared=True`` (all ranks' traffic crosses the one loopback) and the
 per-message latency measured in the namespace by a calibration of small allreduces.
 
@@ -41,9 +41,9 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from grace.network import Network
-from grace.validation import ConfigError, check_range
 from gracecomm.experiments.report import read_run
+from gracecomm.network import Network
+from gracecomm.validation import ConfigError, check_range
 
 NAMESPACE_PREFIX = "gracecomm-netbench-"
 CALIBRATION_ROUNDS = 200
@@ -158,7 +158,7 @@ def in_namespace(namespace: str, args: Sequence[str], timeout_s: float) -> None:
 
 def calibrate_latency_us(namespace: str, world_size: int, out_dir: Path) -> float:
     out = out_dir / "latency.json"
-    code = ("import sys; from grace.launch import spawn; "
+    code = ("import sys; from gracecomm.experiments.launch import spawn; "
             "from gracecomm.experiments.netbench import _calibrate; "
             f"spawn(_calibrate, {world_size}, {str(out)!r}, timeout_s=120)")
     in_namespace(namespace, ["-c", code], 180)

@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from grace.launch import spawn
+from gracecomm.experiments.launch import spawn
 from gracecomm.experiments.report import read_run
 from gracecomm.experiments.train import compose_config, train_worker
 

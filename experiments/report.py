@@ -8,7 +8,7 @@ Writes ``report.md`` and ``report.csv`` (one row per run: method = compressor wi
 options that vary across the runs, memory, communicator, the task's test metric, bytes per
 step (for a parameter server also the downlink every rank receives), the compression factor
 dense / sent, compression overhead, measured communication and the projected speedup over
-dense ring allreduce at each modelled bandwidth, see `grace.network`; per-step figures are
+dense ring allreduce at each modelled bandwidth, see `gracecomm.network`; per-step figures are
 the run summary's, over steady-state steps, with the start-up step's time apart) and PNG
 plots: metric against bytes sent with the Pareto front, overhead per method, projected
 speedup against bandwidth, training loss and test metric over steps, and the estimation
@@ -34,8 +34,13 @@ from hydra.experimental.callback import Callback
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from gracecomm.experiments.loggers import (WandbLogger, import_wandb, logged_group, sweep_group,
-                                           wandb_mode)
+from gracecomm.experiments.loggers import (
+    WandbLogger,
+    import_wandb,
+    logged_group,
+    sweep_group,
+    wandb_mode,
+)
 from gracecomm.experiments.train import CONFIG_DIR, format_bytes
 
 # method_defaults.*: the trainer options a run took from its compressor (the trainer options
@@ -245,7 +250,7 @@ def markdown(table: Table, source: Path, plots: Sequence[Path]) -> str:
              "compression_factor is dense bytes / bytes sent; overhead is compress + "
              "decompress + memory time per step; speedup@B is the projected step time with "
              "dense gradients on ring allreduce over the projected step time of the run, on a "
-             "modelled network of bandwidth B (grace.network). Per-step figures are means over "
+             "modelled network of bandwidth B (gracecomm.network). Per-step figures are means over "
              "the steady-state steps (all but each process's first); startup_s is that first "
              "step's time (kernels loading, buffers being built). Times depend on the CPU and "
              "its load; accuracies on the seeded data and training.", "",
@@ -392,7 +397,7 @@ def plot_all(plt: Any, runs: Sequence[Run], table: Table, out: Path) -> list[Pat
                     marker="o", label=label)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(xscale="log", xlabel="bandwidth (Gbps)", ylabel="speedup over dense allreduce",
-               title="projected speedup (grace.network)")
+               title="projected speedup (gracecomm.network)")
         _legend(ax)
         save(fig, "speedup")
 

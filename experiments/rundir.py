@@ -18,8 +18,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from grace.launch import launched_externally
-from grace.validation import ConfigError
+from gracecomm.experiments.launch import launched_externally
+from gracecomm.validation import ConfigError
 
 TOKEN_VAR = "GRACECOMM_RUN_TOKEN"
 

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from grace.validation import ConfigError, check_range
+from gracecomm.validation import ConfigError, check_range
 
 
 class Task(ABC):

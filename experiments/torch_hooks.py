@@ -23,11 +23,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
 from torch.nn.parallel import DistributedDataParallel
 
-from grace import Grace
-from grace.ddp import TailTimer
-from grace.metrics import Metrics
-from grace.network import bytes_key, calls_key
-from grace.validation import ConfigError
+from gracecomm import Grace
+from gracecomm.ddp import TailTimer
+from gracecomm.metrics import Metrics
+from gracecomm.network import bytes_key, calls_key
+from gracecomm.validation import ConfigError
 
 HOOKS = ("none", "fp16", "bf16", "powersgd")
 
@@ -57,7 +57,7 @@ def check_torch_exchange(grace: Grace) -> None:
 
 def register_torch_hook(ddp: DistributedDataParallel, grace: Grace) -> None:
     """Register PyTorch's hook for `grace`'s compressor (nothing for ``none``), timed as
-    this library's hook is (``comm_s``: `grace.ddp.TailTimer`)."""
+    this library's hook is (``comm_s``: `gracecomm.ddp.TailTimer`)."""
     check_torch_exchange(grace)
     comp = grace.compressor
     name = comp.registry_name

@@ -37,26 +37,45 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
-from grace import Compressor, Grace, GradientExchange, Need, build, register_comm_hook
-from grace import registry
-from grace.config import check_targets, instantiate
-from grace.consistency import describe, gather_text, verify_same_on_all_ranks
-from grace.launch import (WorkerError, WorkerTimeout, exit_now, launched_externally, run_rank,
-                          spawn)
-from grace.pipeline import AUTO, default_part
-from grace.registry import check_options
-from grace.network import (COLLECTIVE_KEYS, Network, compute_time, networks, overhead_time,
-                           project)
-from grace.rng import stable_hash
-from grace.validation import (ConfigError, MissingDependency, NonFiniteError, check_choice,
-                              check_range)
+from gracecomm import Compressor, Grace, GradientExchange, Need, build, register_comm_hook, registry
+from gracecomm.config import check_targets, instantiate
 from gracecomm.experiments import checkpoint, rundir
-from gracecomm.experiments.collapse import CollapseWatch, Collapsed
+from gracecomm.experiments.collapse import Collapsed, CollapseWatch
+from gracecomm.experiments.consistency import describe, gather_text, verify_same_on_all_ranks
+from gracecomm.experiments.launch import (
+    WorkerError,
+    WorkerTimeout,
+    exit_now,
+    launched_externally,
+    run_rank,
+    spawn,
+)
 from gracecomm.experiments.loggers import sweep_group
 from gracecomm.experiments.method_defaults import RECORD_KEY, apply_method_defaults, given_keys
 from gracecomm.experiments.tasks import Task, make_task
-from gracecomm.experiments.torch_hooks import (AllreduceCounter, check_torch_exchange,
-                                               register_torch_hook)
+from gracecomm.experiments.torch_hooks import (
+    AllreduceCounter,
+    check_torch_exchange,
+    register_torch_hook,
+)
+from gracecomm.network import (
+    COLLECTIVE_KEYS,
+    Network,
+    compute_time,
+    networks,
+    overhead_time,
+    project,
+)
+from gracecomm.pipeline import AUTO, default_part
+from gracecomm.registry import check_options
+from gracecomm.rng import stable_hash
+from gracecomm.validation import (
+    ConfigError,
+    MissingDependency,
+    NonFiniteError,
+    check_choice,
+    check_range,
+)
 
 SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "downlink_bytes", "compress_s",
                "decompress_s", "memory_s", "comm_s", "step_s", "exchanges", *COLLECTIVE_KEYS)
@@ -84,7 +103,7 @@ def compose_config(*overrides: str) -> DictConfig:
 
 def build_grace(cfg: DictConfig) -> Grace:
     """The pipeline of `cfg`'s compressor, memory and communicator, assembled by
-    `grace.build` (``auto`` parts resolved first, `resolve_parts`)."""
+    `gracecomm.build` (``auto`` parts resolved first, `resolve_parts`)."""
     allow = bool(cfg.get("allow_any_target", False))
     compressor = instantiate(cfg.compressor, allow_any_target=allow)
     resolve_parts(cfg, compressor)
@@ -106,7 +125,7 @@ def part_config(group: str, name: str) -> DictConfig:
 
 def resolve_parts(cfg: DictConfig, compressor: Compressor) -> None:
     """Replace an ``auto`` memory or communicator (configs/memory/auto.yaml, the default) by
-    the config of the part `compressor` brings, chosen as `grace.build` chooses it
+    the config of the part `compressor` brings, chosen as `gracecomm.build` chooses it
     (`default_part`: from the compressor's options), with any options given to the auto
     node (``+memory.beta=0.9``) on top, and name it in a logger's Hydra ``choices``."""
     chosen: dict[str, str] = {}
@@ -208,7 +227,7 @@ def check_scale(cfg: DictConfig) -> None:
 
 
 def configured_networks(cfg: DictConfig) -> list[Network]:
-    """The networks of ``network.bandwidth_gbps`` x ``network.latency_us`` (grace.network);
+    """The networks of ``network.bandwidth_gbps`` x ``network.latency_us`` (gracecomm.network);
     ``network.shared``: all ranks' traffic crosses one link."""
     return networks(cfg.network.bandwidth_gbps, cfg.network.latency_us,
                     cfg.network.get("shared", False))
@@ -248,7 +267,7 @@ EXCHANGES = ("hook", "hook_sync", "step", "torch")
 
 
 def exchange_mode(cfg: DictConfig) -> str:
-    """How gradients are exchanged (`grace.ddp`):
+    """How gradients are exchanged (`gracecomm.ddp`):
 
     - ``hook`` (every method): the asynchronous DDP comm hook, each bucket's communication
       overlapping the backward pass of the next (methods that need the whole step at once
@@ -317,7 +336,7 @@ def make_optimizer(cfg: DictConfig, model: nn.Module,
     """The optimizer, and the weight decay the exchange adds before compression. Where a
     part of `grace` applies the momentum itself (`Need.OWNS_MOMENTUM`: DGC's memory,
     Signum), SGD runs without momentum and the weight decay moves to the exchange; the
-    library refuses any other combination (`grace.ddp.check_optimizer`)."""
+    library refuses any other combination (`gracecomm.ddp.check_optimizer`)."""
     t = cfg.trainer
     if Need.OWNS_MOMENTUM in grace.needs:
         if optimizer_name(cfg) == "adam":
@@ -333,7 +352,7 @@ def make_optimizer(cfg: DictConfig, model: nn.Module,
 
 def setup_parts(cfg: DictConfig, model: nn.Module, world_size: int) -> dict[str, str]:
     """What every rank must agree on: the compression set-up, the exchange mode, the
-    parameters' names, shapes and dtypes, and the world size (grace.consistency)."""
+    parameters' names, shapes and dtypes, and the world size (gracecomm.experiments.consistency)."""
     container = OmegaConf.to_container(cfg, resolve=True)
     params = [(n, list(p.shape), str(p.dtype)) for n, p in model.named_parameters()]
     return {"compressor": describe(container["compressor"]),
@@ -562,7 +581,7 @@ def _summary(totals: dict[str, float], steps: int, world_size: int, device: torc
              nets: list[Network]) -> dict[str, float]:
     """Per-rank, per-step means over all ranks of the summed statistics, taken over the
     steady-state steps (all but the start-up steps, unless the run has no other), the network
-    projection (grace.network) of those means, and the start-up steps' own figures."""
+    projection (gracecomm.network) of those means, and the start-up steps' own figures."""
     keys = list(totals)
     vec = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=device)
     if dist.is_initialized():

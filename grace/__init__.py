@@ -6,22 +6,22 @@ Three abstractions, composed per tensor (see DESIGN.md):
 - `Memory` adds error feedback around it;
 - `Communicator` exchanges payloads and returns the mean over ranks, counting the bytes.
 
-    from grace import build, register_comm_hook
+    from gracecomm import build, register_comm_hook
     grace = build({"name": "topk", "ratio": 0.01}, "residual")
     register_comm_hook(ddp_model, grace, optimizer)   # asynchronous, overlaps backward
     # custom loops: GradientExchange(grace, model, optimizer).step() after backward,
     # or grace.step(tensor, name) per tensor
 """
 
-from grace.communicator import Communicator
-from grace.compressor import Compressor, Payload, TensorInfo
-from grace.ddp import GradientExchange, register_comm_hook
-from grace.memory import Memory
-from grace.metrics import Metrics
-from grace.needs import Need
-from grace.pipeline import Grace, build
-from grace.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, available, create
-from grace.validation import ConfigError, IncompatibleError, NonFiniteError, PayloadError
+from gracecomm.communicator import Communicator
+from gracecomm.compressor import Compressor, Payload, TensorInfo
+from gracecomm.ddp import GradientExchange, register_comm_hook
+from gracecomm.memory import Memory
+from gracecomm.metrics import Metrics
+from gracecomm.needs import Need
+from gracecomm.pipeline import Grace, build
+from gracecomm.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, available, create
+from gracecomm.validation import ConfigError, IncompatibleError, NonFiniteError, PayloadError
 
 __all__ = [
     "COMMUNICATORS", "COMPRESSORS", "MEMORIES", "Communicator", "Compressor", "ConfigError",

@@ -1,7 +1,7 @@
 """The Communicator abstraction: moves payloads between ranks and returns the mean over ranks.
 
 A communicator describes one exchange as rounds of asynchronous collectives (`exchange`, a
-generator: see `grace.exchange`), so the same description runs synchronously (`send_receive`,
+generator: see `gracecomm.exchange`), so the same description runs synchronously (`send_receive`,
 `send_receive_many`) or overlapped with the backward pass (`start`, which the DDP hook uses).
 
 Communicators are the only place where bytes are counted: ``wire_bytes`` is the sum of
@@ -24,12 +24,12 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from grace.compressor import Compressor, Payload
-from grace.exchange import Continuations, Exchange, Link, Rounds, Works
-from grace.metrics import Metrics
-from grace.state import Stateful
-from grace.validation import IncompatibleError, PayloadError, check_choice
-from grace.wire import DTYPES, dtype_code, from_bytes, payload_nbytes, to_bytes
+from gracecomm.compressor import Compressor, Payload
+from gracecomm.exchange import Continuations, Exchange, Link, Rounds, Works
+from gracecomm.metrics import Metrics
+from gracecomm.state import Stateful
+from gracecomm.validation import IncompatibleError, PayloadError, check_choice
+from gracecomm.wire import DTYPES, dtype_code, from_bytes, payload_nbytes, to_bytes
 
 Item = tuple[Payload, Any, str]  # (payload, ctx, tensor name)
 
@@ -87,7 +87,7 @@ class Communicator(Stateful, ABC):
     @abstractmethod
     def exchange(self, items: Sequence[Item], link: Link) -> Rounds:
         """The exchange of `items` as rounds of collectives launched through `link` (each
-        round yields its Works; see `grace.exchange`); returns the mean over ranks of every
+        round yields its Works; see `gracecomm.exchange`); returns the mean over ranks of every
         item as a dense tensor, in order. One DDP bucket is one call: as few collectives as
         the method allows (one, plus the sizes where they vary)."""
 

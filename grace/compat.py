@@ -8,7 +8,7 @@ dictionary in its ``grace_from_params`` helper: ``compressor``, ``memory``,
 library's registry names and returns a `Grace` pipeline whose ``step(tensor, name)`` plays
 the part of GRACE's ``communicator.step``::
 
-    from grace.compat import grace_from_params
+    from gracecomm.compat import grace_from_params
     grc = grace_from_params({"compressor": "topk", "memory": "residual",
                              "communicator": "allgather", "compress_ratio": 0.01,
                              "world_size": dist.get_world_size()})
@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from grace.pipeline import Grace, build
-from grace.registry import did_you_mean
-from grace.validation import ConfigError
+from gracecomm.pipeline import Grace, build
+from gracecomm.registry import did_you_mean
+from gracecomm.validation import ConfigError
 
 
 class Entry(NamedTuple):
@@ -91,7 +91,7 @@ def _choose(params: Mapping[str, Any], key: str, default: str,
     if value not in allowed:
         raise ConfigError(f"GRACE params: {key} {value!r} has no counterpart here; GRACE's "
                           f"{key}s accepted: {', '.join(allowed)} (or build this library's "
-                          "own names with grace.build)")
+                          "own names with gracecomm.build)")
     return str(value)
 
 
@@ -115,7 +115,7 @@ def grace_from_params(params: Mapping[str, Any], *, check_finite: bool = True) -
     if memory == "dgc" and params.get("gradient_clipping", False):
         raise ConfigError("GRACE params: gradient_clipping=True (GRACE clamps each value at "
                           "the ranks' root mean square) has no counterpart here; DGC's memory "
-                          "clips by norm instead: grace.build(..., memory={'name': 'dgc', "
+                          "clips by norm instead: gracecomm.build(..., memory={'name': 'dgc', "
                           "'clip_norm': ...})")
     grc = build(_spec(compressor, params), _spec(MEMORIES[memory], params), communicator,
                 check_finite=check_finite)

@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from grace.metrics import Metrics
-from grace.needs import Need
-from grace.state import Stateful
-from grace.validation import ConfigError
+from gracecomm.buffers import difference
+from gracecomm.metrics import Metrics
+from gracecomm.needs import Need
+from gracecomm.state import Stateful
+from gracecomm.validation import ConfigError
 
 if TYPE_CHECKING:
-    from grace.communicator import Communicator
-    from grace.exchange import Link, Works
+    from gracecomm.communicator import Communicator
+    from gracecomm.exchange import Link, Works
 
 Payload = tuple[torch.Tensor, ...]
 PayloadSpec = tuple[tuple[torch.dtype, int], ...]  # (dtype, numel) of each payload tensor
@@ -67,7 +68,7 @@ class Compressor(Stateful, ABC):
     """Base class of all compressors.
 
     Capabilities: a class declares them as class attributes, and `capabilities()` is the one
-    place they are read from (communicators, `grace.build`, the trainer): it returns the
+    place they are read from (communicators, `gracecomm.build`, the trainer): it returns the
     class's declarations, and a compressor whose capabilities depend on its options (or on
     its parts) overrides it; no instance overwrites the class attributes.
 
@@ -76,7 +77,7 @@ class Compressor(Stateful, ABC):
     - ``fixed_size``: payload tensor sizes depend only on the input's shape (and on the phase
       `layout_phase` names, which every rank shares), so they are equal on every rank and
       need not be exchanged before each collective.
-    - ``default_communicator``, ``default_memory``: what `grace.build` and the Hydra config
+    - ``default_communicator``, ``default_memory``: what `gracecomm.build` and the Hydra config
       pick when the user names none (biased methods bring error feedback).
     - ``communicators``: if set, the only communicators this compressor works with (methods
       with collectives of their own).
@@ -89,7 +90,7 @@ class Compressor(Stateful, ABC):
       needs `Need.WHOLE_MODEL` from the exchange.
 
     What it needs from the exchange beyond that (`needs`) is honoured by the library: see
-    `grace.needs`.
+    `gracecomm.needs`.
 
     What the method needs from its training loop, as data (wrappers take their parts'):
 
@@ -138,12 +139,12 @@ class Compressor(Stateful, ABC):
         return None
 
     def needs(self) -> frozenset[Need]:
-        """What this compressor needs from the exchange (`grace.needs`)."""
+        """What this compressor needs from the exchange (`gracecomm.needs`)."""
         return frozenset({Need.WHOLE_MODEL}) if self.model_level else frozenset()
 
     def bind(self, comm: Communicator | None, metrics: Metrics) -> None:
         """Called by the pipeline: share its metrics and give access to accounted collectives;
-        the compressors inside this one (``child_attrs``, `grace.state`) are bound alike."""
+        the compressors inside this one (``child_attrs``, `gracecomm.state`) are bound alike."""
         self.comm = comm
         self.metrics = metrics
         for part in self.nearest(Compressor):
@@ -165,8 +166,6 @@ class Compressor(Stateful, ABC):
         one with a cheaper form of the same bits overrides this (a sparse selection
         subtracts its k values where they were taken; the sign methods decode and
         subtract in one pass). Here the payload or ctx may still view `t`, so it is kept."""
-        from grace.sparse import difference  # grace.sparse builds on this module
-
         return difference(t, self.decompress(payload, ctx))
 
     def compress_rounds(self, named: Sequence[tuple[str, torch.Tensor]], link: Link
@@ -174,7 +173,7 @@ class Compressor(Stateful, ABC):
         """Compress the tensors of one exchange (one DDP bucket): (payload, ctx) each. By
         default `compress` each, without collectives. A method whose compression needs
         collectives of its own (PowerSGD's first allreduce) launches them through `link`
-        and yields them (`grace.exchange`), so they run asynchronously like the exchange."""
+        and yields them (`gracecomm.exchange`), so they run asynchronously like the exchange."""
         return [self.compress(tensor, name) for name, tensor in named]
         yield  # a generator: no round
 

@@ -17,9 +17,10 @@ from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
-from grace.validation import ConfigError, MissingDependency
+from gracecomm.validation import ConfigError, MissingDependency
 
-ALLOWED_MODULES: tuple[str, ...] = ("grace", "gracecomm", "torch.optim", "torch.nn")
+ALLOWED_MODULES: tuple[str, ...] = ("gracecomm", "torch.optim", "torch.nn")
+OLD_ROOT = "grace."  # the core's import root before 0.2: everything is under gracecomm now
 
 
 def _targets(node: Any, path: str = "") -> Iterable[tuple[str, Any]]:
@@ -68,6 +69,9 @@ def check_target(target: Any, path: str = "<root>",
     defined in a module inside `allowed`; otherwise `ConfigError` naming the config path,
     the target and what it really is. A path outside `allowed` is refused before anything
     is imported, so a refused target runs no import-time code either."""
+    if isinstance(target, str) and target.startswith(OLD_ROOT):
+        raise ConfigError(f"config '{path}' has _target_ {target!r}: the core moved to the "
+                          f"import root gracecomm, use 'gracecomm.{target[len(OLD_ROOT):]}'")
     if isinstance(target, str) and not _inside(target, allowed):
         why = "outside the allowed modules"
     else:

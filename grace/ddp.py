@@ -11,12 +11,12 @@ k, its own statistics, its own residual keyed by the parameter name; an elementw
 compressor with a memory that keeps nothing takes the bucket as one tensor, with the same
 result: `Capabilities.elementwise`) on the backward thread,
 launches the bucket's first collective and returns a future, as PyTorch's own hooks do; the
-later rounds and the decompression run on the communicator's worker (`grace.exchange`), so a
+later rounds and the decompression run on the communicator's worker (`gracecomm.exchange`), so a
 bucket's communication overlaps with the backward pass of the next buckets. A model of one
 bucket has nothing to overlap with: its exchange runs on the backward thread (a hand-over
 to the worker cost 1-3 ms per step on a 2-core machine, `gracecomm-netbench`).
 
-What the parts need from the exchange (`grace.needs`) is honoured here: a part that applies
+What the parts need from the exchange (`gracecomm.needs`) is honoured here: a part that applies
 the momentum itself gets its weight decay added before compression and is refused an
 optimizer that still has momentum or weight decay; a compressor of whole models (LGC) or a
 memory that clips by the norm of all local gradients (DGC) is exchanged once per step, after
@@ -33,11 +33,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from grace.exchange import Exchange
-from grace.metrics import Metrics
-from grace.needs import Need
-from grace.pipeline import Grace
-from grace.validation import ConfigError, NonFiniteError, check_range
+from gracecomm.exchange import Exchange
+from gracecomm.metrics import Metrics
+from gracecomm.needs import Need
+from gracecomm.pipeline import Grace
+from gracecomm.validation import ConfigError, NonFiniteError, check_range
 
 WHOLE_STEP = frozenset({Need.WHOLE_MODEL, Need.GLOBAL_NORM})
 
@@ -104,7 +104,7 @@ class GradientExchange:
                  optimizer: torch.optim.Optimizer | None = None, *, weight_decay: float = 0.0,
                  asynchronous: bool = True, scaler: torch.amp.GradScaler | None = None) -> None:
         if not isinstance(grace, Grace):
-            raise ConfigError(f"the exchange needs a grace.Grace pipeline (grace.build(...)), "
+            raise ConfigError(f"the exchange needs a gracecomm.Grace pipeline (gracecomm.build(...)), "
                               f"got {type(grace).__name__}")
         check_optimizer(grace, optimizer)
         self.grace = grace

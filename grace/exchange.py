@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from grace.network import bytes_key, calls_key, check_kind
+from gracecomm.network import bytes_key, calls_key, check_kind
 
 if TYPE_CHECKING:
-    from grace.communicator import Communicator
+    from gracecomm.communicator import Communicator
 
 class CommunicationError(RuntimeError):
     """A collective of an exchange failed: a peer died, hung past the collective timeout or
@@ -52,7 +52,7 @@ class Link:
     process group of the exchange's current round, and the exchange's non-finite status
     (`Grace`'s pass-through of non-finite steps: each rank's payload carries `status`, and
     the communicator sets `any_nonfinite`). Each records
-    ``coll_<kind>_calls``/``coll_<kind>_bytes`` for the network cost model (`grace.network`,
+    ``coll_<kind>_calls``/``coll_<kind>_bytes`` for the network cost model (`gracecomm.network`,
     which defines the message size of each kind) and returns its Work; outputs are valid
     once the round has been waited for."""
 

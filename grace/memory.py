@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from grace.metrics import Metrics
-from grace.needs import Need
-from grace.state import Stateful
+from gracecomm.metrics import Metrics
+from gracecomm.needs import Need
+from gracecomm.state import Stateful
 
 if TYPE_CHECKING:
-    from grace.compressor import Compressor, Payload
+    from gracecomm.compressor import Compressor, Payload
 
 
 class Memory(Stateful, ABC):
@@ -44,7 +44,7 @@ class Memory(Stateful, ABC):
         self.metrics = metrics
 
     def needs(self) -> frozenset[Need]:
-        """What this memory needs from the exchange (`grace.needs`)."""
+        """What this memory needs from the exchange (`gracecomm.needs`)."""
         return frozenset()
 
     def check(self, compressor: Compressor) -> None:

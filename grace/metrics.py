@@ -15,7 +15,7 @@ Keys written by the core:
 - ``tensors``: number of tensors compressed this step.
 - ``exchanges``: calls that exchanged payloads (one per DDP bucket, or one per `step_many`).
 - ``coll_<kind>_calls``, ``coll_<kind>_bytes``: collectives issued and their message sizes,
-  for the network cost model (`grace.network`; kinds allreduce, allgather, broadcast,
+  for the network cost model (`gracecomm.network`; kinds allreduce, allgather, broadcast,
   ps_push, ps_pull).
 
 Derived on `pop()`: ``compression_factor`` = dense_bytes / wire_bytes (not a compressor's

@@ -1,6 +1,6 @@
 """What a method needs from the exchange, declared by its parts (`Compressor.needs`,
 `Memory.needs`) and honoured by the library for the DDP hook and custom loops alike
-(`grace.ddp.GradientExchange`)."""
+(`gracecomm.ddp.GradientExchange`)."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from grace.validation import ConfigError, check_range
+from gracecomm.validation import ConfigError, check_range
 
 KINDS = ("allreduce", "allgather", "broadcast", "ps_push", "ps_pull")
 OVERHEAD_KEYS = ("compress_s", "decompress_s", "memory_s")

@@ -15,18 +15,24 @@ from typing import Any
 
 import torch
 
-from grace.communicator import Communicator, Item
-from grace.compressor import Compressor, Payload
-from grace.config import instantiate
-from grace.exchange import Exchange, Link, Rounds, Works
-from grace.memory import Memory
-from grace.metrics import Metrics
-from grace.needs import Need
-from grace.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, Registry
-from grace.state import Stateful
-from grace.validation import (ConfigError, NonFiniteError, PayloadError, check_tensor,
-                              is_finite, nonfinite_among)
-from grace.wire import contiguous_runs, flat_run
+from gracecomm.communicator import Communicator, Item
+from gracecomm.compressor import Compressor, Payload
+from gracecomm.config import instantiate
+from gracecomm.exchange import Exchange, Link, Rounds, Works
+from gracecomm.memory import Memory
+from gracecomm.metrics import Metrics
+from gracecomm.needs import Need
+from gracecomm.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, Registry
+from gracecomm.state import Stateful
+from gracecomm.validation import (
+    ConfigError,
+    NonFiniteError,
+    PayloadError,
+    check_tensor,
+    is_finite,
+    nonfinite_among,
+)
+from gracecomm.wire import contiguous_runs, flat_run
 
 MODEL_ITEM = "model"  # the name of the joint item of a model-level compressor
 
@@ -45,7 +51,7 @@ class Grace(Stateful):
     random streams) is restored to what it was before the step, so the next finite step goes
     on from there. A step is one `step_many` call, or one DDP step of the hook.
 
-    `needs` is what the parts need from the exchange (`grace.needs`): `step_many` gives
+    `needs` is what the parts need from the exchange (`gracecomm.needs`): `step_many` gives
     a memory that needs it the norm of the tensors of its call, and `GradientExchange` (the
     DDP hook and custom loops) takes care of the rest.
 
@@ -105,7 +111,7 @@ class Grace(Stateful):
     def start_many(self, named: Named) -> Exchange:
         """Compress `named` on this thread and launch their exchange: ``wait()`` returns the
         means (in order, same shapes and dtypes) and ``submit()`` lets the later rounds run
-        on the communicator's worker while this thread goes on (`grace.exchange`). Part of
+        on the communicator's worker while this thread goes on (`gracecomm.exchange`). Part of
         the current step until `end_step`."""
         metrics = self.metrics
         for name, grad in named:
@@ -131,7 +137,7 @@ class Grace(Stateful):
                            for name, t in compensated]
             runs = [range(i, i + 1) for i in range(len(compensated))]
         if live:
-            metrics.add("exchanges", 1)  # the dense-allreduce baseline of grace.network
+            metrics.add("exchanges", 1)  # the dense-allreduce baseline of gracecomm.network
         link = self.communicator.link(None if self.check_finite else not finite)
         link.max_nbytes = 4 * dense + 65536  # no peer's payload may announce more
         if self.compressor.model_level:
@@ -157,7 +163,7 @@ class Grace(Stateful):
 
     def finite(self, grads: Named, compensated: Named, runs: Sequence[range]) -> bool:
         """Whether every tensor to compress is finite (one read each, one call for each of
-        the `runs` of tensors back to back in memory, `grace.wire.contiguous_runs`); with
+        the `runs` of tensors back to back in memory, `gracecomm.wire.contiguous_runs`); with
         `check_finite`, raise `NonFiniteError` naming the first that is not, and whether the
         gradient or the error feedback added to it was non-finite."""
         tensors = [t for _, t in compensated]
@@ -192,7 +198,7 @@ class Grace(Stateful):
 
     def _rounds(self, compensated: Named, link: Link) -> Rounds:
         """Compression (with any rounds of its own), memory update and the communicator's
-        exchange of one call, as one generator of rounds (`grace.exchange`)."""
+        exchange of one call, as one generator of rounds (`gracecomm.exchange`)."""
         if not compensated:
             return []
         metrics = self.metrics

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, Literal, TypeVar, overload
 
-from grace.validation import ConfigError
+from gracecomm.validation import ConfigError
 
 T = TypeVar("T", bound=type)
 

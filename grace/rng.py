@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from grace.state import Stateful
+from gracecomm.state import Stateful
 
 
 def stable_hash(*parts: Any) -> int:

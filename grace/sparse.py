@@ -7,18 +7,15 @@ from a peer are range-checked before any scatter.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from abc import ABC, abstractmethod
-from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
-from grace.compressor import Compressor, Payload, TensorInfo
-from grace.validation import PayloadError, check_ratio, num_kept
+from gracecomm.buffers import dense_empty_like, dense_zeros
+from gracecomm.compressor import Compressor, Payload, TensorInfo
+from gracecomm.validation import PayloadError, check_ratio, num_kept
 
 DEFAULT_RATIO = 0.01
 """The density every sparsifier keeps by default, and every method built on one (Top-k,
@@ -30,106 +27,6 @@ value (a test keeps them in step)."""
 def index_dtype(numel: int) -> torch.dtype:
     """The narrowest index dtype that addresses `numel` elements."""
     return torch.int32 if numel < 2**31 else torch.int64
-
-
-HUGE_PAGE_MIN = 1 << 22  # bytes: numpy advises huge pages for buffers from 4 MiB
-RECYCLED_KEPT = 1 << 29  # bytes of dropped output buffers kept for reuse (per process)
-
-
-class _Recycler:
-    """Large CPU output buffers, lent again once every tensor on them is gone.
-
-    A buffer of at least `HUGE_PAGE_MIN` bytes comes from numpy, which asks the kernel for
-    transparent huge pages (madvise), so a fresh one faults once per 2 MiB instead of once
-    per 4 KiB page; but each fault still has the kernel clear the page, and such sizes go
-    back to the system when freed. Decompressing and aggregating allocate outputs of the
-    same sizes every step, and memories replace their state, so the buffers of dropped
-    tensors are kept (up to `RECYCLED_KEPT` bytes, the least recently dropped given back to
-    the system first) and lent again. On the project's test
-    machine, a 26M-element float32 tensor, `gracecomm-bench
-    'methods=[topk,natural,signsgd]' sizes=[26214400] ratios=[0.01] gradients=[]
-    distributions=[laplace] peak_memory=false repeats=7 'columns=[method,decompress_s]'`:
-    decompression took 5.5, 7.9 and 7.0 ms on fresh buffers, 2.3, 4.3 and 3.2 recycled.
-
-    A buffer counts as dropped when the numpy view lent for it is collected: torch's tensor
-    on it (and every tensor viewing that tensor) holds that view, and nothing else gets
-    a reference to it."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.free: OrderedDict[int, np.ndarray] = OrderedDict()  # by id, oldest drop first
-        self.kept = 0
-        self.returned: deque[np.ndarray] = deque()  # appended by finalizers, any thread
-
-    def take(self, nbytes: int, zeroed: bool) -> np.ndarray:
-        """A uint8 buffer of `nbytes` bytes, zero-filled when `zeroed`."""
-        with self.lock:
-            while self.returned:
-                base = self.returned.popleft()
-                self.free[id(base)] = base
-                self.kept += base.nbytes
-            while self.kept > RECYCLED_KEPT:
-                self.kept -= self.free.popitem(last=False)[1].nbytes
-            base = next((b for b in reversed(self.free.values()) if b.nbytes == nbytes), None)
-            if base is not None:
-                del self.free[id(base)]
-                self.kept -= nbytes
-        if base is None:
-            base = np.zeros(nbytes, np.uint8) if zeroed else np.empty(nbytes, np.uint8)
-        elif zeroed:
-            base.fill(0)
-        lent = base[:]
-        weakref.finalize(lent, self.returned.append, base)
-        return lent
-
-    def release(self) -> None:
-        """Drop every kept buffer (buffers lent now are kept again once dropped)."""
-        with self.lock:
-            self.returned.clear()
-            self.free, self.kept = OrderedDict(), 0
-
-
-_RECYCLER = _Recycler()
-
-
-def release_recycled() -> None:
-    """Give the buffers kept for reuse back to the system (a memory measurement then
-    charges a call for fresh outputs)."""
-    _RECYCLER.release()
-
-
-def _numpy_backed(numel: int, dtype: torch.dtype, device: torch.device | str) -> bool:
-    return torch.device(device).type == "cpu" and numel * dtype.itemsize >= HUGE_PAGE_MIN
-
-
-def dense_empty(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """An uninitialised 1-D tensor for a decompressed output; on the CPU, from 4 MiB, a
-    numpy buffer lent by `_Recycler` (a fresh 26M-element float32 ``torch.empty``, which
-    faults once per 4 KiB page, cost about 16 reads of the tensor by the time it was
-    filled on the project's test machine)."""
-    if not _numpy_backed(numel, dtype, device):
-        return torch.empty(numel, dtype=dtype, device=device)
-    return torch.from_numpy(_RECYCLER.take(numel * dtype.itemsize, False)).view(dtype)
-
-
-def dense_empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`dense_empty` shaped like `t` (of `dtype`, by default t's): for state that every step
-    replaces with a new tensor (residuals, momentum), which would otherwise fault in fresh
-    pages every step."""
-    return dense_empty(t.numel(), dtype or t.dtype, t.device).view(t.shape)
-
-
-def difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a - b as a new tensor, on a recycled buffer when large (`dense_empty`)."""
-    return torch.sub(a, b, out=dense_empty_like(a, torch.result_type(a, b)))
-
-
-def dense_zeros(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """A zero 1-D tensor for a decompressed output, from the same buffers as `dense_empty`:
-    a fresh one zeroed by the kernel (calloc), a recycled one by memset."""
-    if not _numpy_backed(numel, dtype, device):
-        return torch.zeros(numel, dtype=dtype, device=device)
-    return torch.from_numpy(_RECYCLER.take(numel * dtype.itemsize, True)).view(dtype)
 
 
 def sparsify(flat: torch.Tensor, indices: torch.Tensor) -> Payload:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from grace.validation import PayloadError
+from gracecomm.validation import PayloadError
 
 _MAX_BITS = 32
 _LITTLE_ENDIAN = sys.byteorder == "little"  # the word-based packing views int64 as bytes

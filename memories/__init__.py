@@ -1,5 +1,5 @@
 """Built-in memories; importing this package registers every module in it."""
 
-from grace.plugins import import_submodules
+from gracecomm.plugins import import_submodules
 
 import_submodules(__name__)

@@ -25,12 +25,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grace.compressor import Compressor, Payload
-from grace.memory import Memory
-from grace.needs import Need
-from grace.registry import MEMORIES
-from grace.sparse import SparseSelection, dense_empty_like
-from grace.validation import ConfigError, check_choice, check_range
+from gracecomm.buffers import dense_empty_like
+from gracecomm.compressor import Compressor, Payload
+from gracecomm.memory import Memory
+from gracecomm.needs import Need
+from gracecomm.registry import MEMORIES
+from gracecomm.sparse import SparseSelection
+from gracecomm.validation import ConfigError, check_choice, check_range
 
 
 @MEMORIES.register("dgc")
@@ -80,7 +81,7 @@ class DGCMemory(Memory):
         if u is None or v is None or u.shape != g.shape:
             u, v = torch.zeros_like(g), torch.zeros_like(g)
         # new tensors, not in place: a state snapshot taken before the step stays valid
-        # (on recycled buffers when large: `grace.sparse.dense_empty`)
+        # (on recycled buffers when large: `gracecomm.buffers.dense_empty`)
         u = torch.add(g, u, alpha=self.momentum, out=dense_empty_like(g))
         if self.nesterov:
             v = torch.add(v, g, out=dense_empty_like(g))

@@ -12,10 +12,10 @@ gradient units; with a changing one the residual keeps the paper's units."""
 
 from __future__ import annotations
 
-from grace.compressor import Compressor
-from grace.registry import MEMORIES
-from grace.validation import IncompatibleError, check_range
+from gracecomm.compressor import Compressor
 from gracecomm.memories.residual import ResidualMemory
+from gracecomm.registry import MEMORIES
+from gracecomm.validation import IncompatibleError, check_range
 
 
 @MEMORIES.register("efsignsgd")

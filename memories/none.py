@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from grace.compressor import Compressor, Payload
-from grace.memory import Memory
-from grace.registry import MEMORIES
+from gracecomm.compressor import Compressor, Payload
+from gracecomm.memory import Memory
+from gracecomm.registry import MEMORIES
 
 
 @MEMORIES.register("none")

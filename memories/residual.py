@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from grace.compressor import Compressor, Payload
-from grace.memory import Memory
-from grace.registry import MEMORIES
-from grace.sparse import dense_empty_like, difference
-from grace.validation import check_choice, check_range
+from gracecomm.buffers import dense_empty_like, difference
+from gracecomm.compressor import Compressor, Payload
+from gracecomm.memory import Memory
+from gracecomm.registry import MEMORIES
+from gracecomm.validation import check_choice, check_range
 
 
 @MEMORIES.register("residual")

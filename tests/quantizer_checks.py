@@ -2,9 +2,9 @@
 
 import torch
 
-from gracecomm.compressors.shared.kernels import PARALLEL_MIN
-from grace.metrics import Metrics
 import gracecomm.compressors.shared.stochastic as stochastic
+from gracecomm.compressors.shared.kernels import PARALLEL_MIN
+from gracecomm.metrics import Metrics
 
 
 def gaussian(n, seed=0):

@@ -1,4 +1,4 @@
-"""The asynchronous exchange (grace.exchange, grace.ddp): the DDP hook gives the same bits
+"""The asynchronous exchange (gracecomm.exchange, gracecomm.ddp): the DDP hook gives the same bits
 whether it returns before the bucket's exchange completes or waits for it, and the same as
 the custom-loop path, for every communicator, methods with dependent rounds and methods that
 need the whole step; and the library refuses what it cannot carry."""
@@ -14,10 +14,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import grace
-from grace import ConfigError, GradientExchange, Need, register_comm_hook
+import gracecomm
+from gracecomm import ConfigError, GradientExchange, Need, register_comm_hook
+from gracecomm.experiments.launch import WorkerError
 from tests.helpers import run_ranks
-from grace.launch import WorkerError
 
 LGC = {"name": "lgc_rar", "ratio": 0.05, "warmup_iters": 1, "ae_train_iters": 2}
 CASES = {  # (compressor, memory, communicator): methods with one, two and four rounds
@@ -41,13 +41,13 @@ def make_model() -> nn.Module:
                          nn.Linear(16, 4))
 
 
-def train(rank: int, case: str, mode: str) -> tuple[torch.Tensor, grace.Grace]:
+def train(rank: int, case: str, mode: str) -> tuple[torch.Tensor, gracecomm.Grace]:
     """`STEPS` steps of SGD through `mode`: the hook asynchronous or synchronous with
     buckets capped at 1e-4 MB (DDP's first bucket is capped at 1 MiB regardless), the hook
     asynchronous with DDP's default cap (one bucket for this model, which an elementwise
     method exchanges whole), or the custom-loop path; returns the parameters."""
     comp, mem, comm = CASES[case]
-    pipe = grace.build(comp, mem, comm)
+    pipe = gracecomm.build(comp, mem, comm)
     model = make_model()
     owns = Need.OWNS_MOMENTUM in pipe.needs
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0 if owns else 0.9)
@@ -92,7 +92,7 @@ def test_async_sync_and_custom_loop_paths_give_identical_bits():
 
 def test_a_momentum_owner_refuses_an_optimizer_with_momentum():
     model = make_model()
-    for pipe in (grace.build("dgc"), grace.build("signum")):
+    for pipe in (gracecomm.build("dgc"), gracecomm.build("signum")):
         with pytest.raises(ConfigError, match="pass the optimizer"):
             GradientExchange(pipe, model)
         sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -106,23 +106,23 @@ def test_a_momentum_owner_refuses_an_optimizer_with_momentum():
         GradientExchange(pipe, model, torch.optim.SGD(model.parameters(), lr=0.1),
                          weight_decay=1e-4)
     # a method that does not own the momentum takes any optimizer, or none
-    GradientExchange(grace.build("topk"), model,
+    GradientExchange(gracecomm.build("topk"), model,
                      torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
 
 
 def test_needs_are_declared_by_the_parts():
-    assert grace.build(LGC).needs == {Need.WHOLE_MODEL}
-    assert grace.build("dgc").needs == {Need.OWNS_MOMENTUM}
-    assert grace.build("dgc", {"name": "dgc", "clip_norm": 1.0}).needs == {
+    assert gracecomm.build(LGC).needs == {Need.WHOLE_MODEL}
+    assert gracecomm.build("dgc").needs == {Need.OWNS_MOMENTUM}
+    assert gracecomm.build("dgc", {"name": "dgc", "clip_norm": 1.0}).needs == {
         Need.OWNS_MOMENTUM, Need.GLOBAL_NORM}
-    assert grace.build("topk").needs == frozenset()
-    assert grace.build({"name": "compose", "compressors": ["topk", "signum"]}).needs == {
+    assert gracecomm.build("topk").needs == frozenset()
+    assert gracecomm.build({"name": "compose", "compressors": ["topk", "signum"]}).needs == {
         Need.OWNS_MOMENTUM}
 
 
 def die_in_backward(rank: int, world_size: int, out: str) -> None:
     model = DistributedDataParallel(make_model(), bucket_cap_mb=1e-4)
-    register_comm_hook(model, grace.build({"name": "topk", "ratio": 0.1}))
+    register_comm_hook(model, gracecomm.build({"name": "topk", "ratio": 0.1}))
     x = torch.randn(8, 12)
     for _ in range(2):  # good steps (DDP rebuilds its buckets in the second forward)
         model(x).sum().backward()
@@ -144,10 +144,10 @@ def test_a_rank_dying_during_an_async_exchange_fails_the_training_loop(tmp_path)
 
 
 def nan_in_backward(rank, world_size):
-    from grace.validation import NonFiniteError
+    from gracecomm.validation import NonFiniteError
     for asynchronous in (True, False):
         model = DistributedDataParallel(make_model(), bucket_cap_mb=1e-4)
-        state = register_comm_hook(model, grace.build({"name": "topk", "ratio": 0.1}),
+        state = register_comm_hook(model, gracecomm.build({"name": "topk", "ratio": 0.1}),
                                    asynchronous=asynchronous)
         x = torch.randn(8, 12)
         model(x).sum().backward()
@@ -159,7 +159,7 @@ def nan_in_backward(rank, world_size):
         assert "NaN" in str(state.error)
     # fp16 exchanges the bucket whole; the error still names the gradient
     model = DistributedDataParallel(make_model())
-    state = register_comm_hook(model, grace.build("fp16"))
+    state = register_comm_hook(model, gracecomm.build("fp16"))
     model.module[2].weight.register_hook(lambda g: torch.full_like(g, float("nan")))
     with pytest.raises(Exception):  # noqa: B017 - DDP may re-raise it as a RuntimeError
         model(torch.randn(8, 12)).sum().backward()

@@ -8,10 +8,10 @@ import warnings
 import pytest
 import torch
 
-from grace.validation import numba_available
 from gracecomm.compressors.deepreduce import BloomIndex, CodecCtx, DeepReduce
 from gracecomm.compressors.deepreduce.policies import POLICIES
 from gracecomm.compressors.topk import TopK
+from gracecomm.validation import numba_available
 
 pytestmark = pytest.mark.skipif(not numba_available(), reason="numba not installed")
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from grace.validation import NonFiniteError
 from gracecomm.experiments.collapse import CollapseWatch, Divergence
 from gracecomm.experiments.tasks import make_task
+from gracecomm.validation import NonFiniteError
 from tests.test_train import train
 
 

@@ -4,10 +4,10 @@ dictionary builds the same pipeline as this library's names."""
 import pytest
 import torch
 
-import grace
-from grace import registry
-from grace.compat import COMPRESSORS, MEMORIES, accepted_keys, grace_from_params
-from grace.validation import ConfigError
+import gracecomm
+from gracecomm import registry
+from gracecomm.compat import COMPRESSORS, MEMORIES, accepted_keys, grace_from_params
+from gracecomm.validation import ConfigError
 
 
 @pytest.mark.parametrize(("kind", "name", "options", "message"), [
@@ -28,11 +28,11 @@ def test_unknown_or_missing_option_lists_the_allowed_ones(kind, name, options, m
 
 def test_build_from_a_mapping_reports_the_bad_option():
     with pytest.raises(ConfigError, match="unknown option 'compress_ratio'. Options: ratio"):
-        grace.build({"name": "topk", "compress_ratio": 0.01})
+        gracecomm.build({"name": "topk", "compress_ratio": 0.01})
 
 
 def test_grace_dictionary_builds_the_same_pipeline_as_our_names():
-    ours = grace.build({"name": "topk", "ratio": 0.01}, "residual", "allgather")
+    ours = gracecomm.build({"name": "topk", "ratio": 0.01}, "residual", "allgather")
     theirs = grace_from_params({"compressor": "topk", "memory": "residual",
                                 "communicator": "allgather", "compress_ratio": 0.01,
                                 "world_size": 1, "kernel": "torch"})

@@ -5,16 +5,16 @@ import math
 import pytest
 import torch
 
-import grace
-from grace.config import instantiate
-from grace.metrics import Metrics
-from grace.validation import ConfigError, PayloadError
+import gracecomm
 from gracecomm.compressors.cast import FP16
 from gracecomm.compressors.compose import Compose
 from gracecomm.compressors.dithering import NaturalDithering
 from gracecomm.compressors.natural import Natural
 from gracecomm.compressors.randomk import RandomK
 from gracecomm.compressors.topk import TopK
+from gracecomm.config import instantiate
+from gracecomm.metrics import Metrics
+from gracecomm.validation import ConfigError, PayloadError
 from tests.helpers import compose_train
 
 
@@ -59,13 +59,13 @@ def test_randomk_then_natural_sends_only_values_and_is_in_b_of_9d_over_8k():
 
 def test_capabilities_follow_the_stages():
     assert Compose([RandomK(0.1), FP16()]).capabilities().summable
-    summable = grace.build(Compose([RandomK(0.1), FP16()]))
+    summable = gracecomm.build(Compose([RandomK(0.1), FP16()]))
     assert summable.communicator.registry_name == "allreduce"
     assert summable.memory.registry_name == "residual"
-    dithered = grace.build(Compose([RandomK(0.1), NaturalDithering()]))
+    dithered = gracecomm.build(Compose([RandomK(0.1), NaturalDithering()]))
     assert dithered.communicator.registry_name == "allgather"
     with pytest.raises(Exception, match="not summable"):
-        grace.build(Compose([TopK(0.1), Natural()]), communicator="allreduce")
+        gracecomm.build(Compose([TopK(0.1), Natural()]), communicator="allreduce")
 
 
 def test_yaml_lists_the_stages():

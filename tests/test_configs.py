@@ -8,12 +8,11 @@ import pytest
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from grace import registry
-from grace.compressor import Capabilities
-from grace.config import instantiate
-from grace.validation import MissingDependency
+from gracecomm import build, registry
+from gracecomm.compressor import Capabilities
+from gracecomm.config import instantiate
 from gracecomm.experiments.train import build_grace
-from grace import build
+from gracecomm.validation import MissingDependency
 from tests.helpers import CONFIG_DIR, compose_train
 
 KINDS = ("compressor", "memory", "communicator")
@@ -44,7 +43,7 @@ def parts_of(pipeline):
 
 @pytest.mark.parametrize("name", registry.available("compressor"))
 def test_compressor_brings_its_memory_and_communicator(name):
-    """By name alone, the command line and `grace.build` bring the same parts, those the
+    """By name alone, the command line and `gracecomm.build` bring the same parts, those the
     compressor declares."""
     cfg = compose_train(f"compressor={name}")
     required = any(p.default is p.empty for p in registry.options_of(registry.get(

@@ -8,13 +8,13 @@ import threading
 import pytest
 import torch
 
-import grace
-from grace import registry
-from grace.compressor import TensorInfo
-from grace.rng import SharedStreams, stable_hash
-from grace import sparse
-from grace.sparse import dense_empty, dense_zeros, desparsify, sparse_mean
-from grace.validation import ConfigError, NonFiniteError, PayloadError, num_kept
+import gracecomm
+from gracecomm import buffers, registry
+from gracecomm.buffers import dense_empty, dense_zeros
+from gracecomm.compressor import TensorInfo
+from gracecomm.rng import SharedStreams, stable_hash
+from gracecomm.sparse import desparsify, sparse_mean
+from gracecomm.validation import ConfigError, NonFiniteError, PayloadError, num_kept
 from tests.helpers import same, state_tensors
 
 CORE = ["none", "fp16", "bf16", "topk", "randomk", "threshold"]
@@ -28,7 +28,7 @@ def payload_bytes(grace_obj):
 @pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 5, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_shape_and_dtype_preserved(name, shape, dtype):
-    g = grace.build(name, "none")
+    g = gracecomm.build(name, "none")
     t = torch.randn(shape).to(dtype)
     out = g.step(t, "w")
     assert out.shape == t.shape and out.dtype == t.dtype
@@ -36,7 +36,7 @@ def test_shape_and_dtype_preserved(name, shape, dtype):
 
 @pytest.mark.parametrize("name", CORE)
 def test_empty_tensor_passes_through(name):
-    g = grace.build(name)
+    g = gracecomm.build(name)
     out = g.step(torch.empty(0, 3), "empty")
     assert out.shape == (0, 3)
 
@@ -46,7 +46,7 @@ def test_wire_bytes_are_counted_from_payloads():
     expected = {"none": 4000, "fp16": 2000, "bf16": 2000, "topk": 10 * (4 + 4),
                 "randomk": 10 * 4}
     for name, nbytes in expected.items():
-        g = grace.build({"name": name, "ratio": 0.01} if name in ("topk", "randomk") else name)
+        g = gracecomm.build({"name": name, "ratio": 0.01} if name in ("topk", "randomk") else name)
         g.step(t, "w")
         stats = g.metrics.pop()
         assert stats["wire_bytes"] == nbytes, name
@@ -56,14 +56,14 @@ def test_wire_bytes_are_counted_from_payloads():
 
 def test_topk_keeps_largest_magnitudes():
     t = torch.tensor([0.1, -5.0, 0.2, 3.0, -0.3, 0.0])
-    g = grace.build({"name": "topk", "ratio": 0.34}, "none")
+    g = gracecomm.build({"name": "topk", "ratio": 0.34}, "none")
     assert g.step(t, "w").tolist() == [0, -5.0, 0, 3.0, 0, 0]
     stats = g.metrics.pop()
     assert stats["k"] == 2 and stats["quality"] == 1.0
 
 
 def test_threshold_selects_by_magnitude_and_may_select_nothing():
-    g = grace.build({"name": "threshold", "threshold": 1.0}, "none")
+    g = gracecomm.build({"name": "threshold", "threshold": 1.0}, "none")
     assert g.step(torch.tensor([0.5, -1.0, 2.0]), "w").tolist() == [0, -1.0, 2.0]
     assert g.metrics.pop()["k_hat"] == 2
     assert g.step(torch.zeros(4), "w").tolist() == [0.0] * 4
@@ -107,14 +107,14 @@ def test_randomk_draws_exactly_k_distinct_ascending_indices_on_every_path(d, mon
 
 
 def test_residual_memory_error_feedback():
-    g = grace.build({"name": "topk", "ratio": 0.25}, "residual")
+    g = gracecomm.build({"name": "topk", "ratio": 0.25}, "residual")
     t1 = torch.tensor([4.0, 1.0, 0.5, 0.25])
     assert g.step(t1, "w").tolist() == [4.0, 0, 0, 0]
     assert g.memory.residuals["w"].tolist() == [0, 1.0, 0.5, 0.25]
     t2 = torch.tensor([0.0, 1.0, 0.0, 0.0])
     assert g.step(t2, "w").tolist() == [0, 2.0, 0, 0]  # the residual came back
     state = g.state_dict()
-    h = grace.build({"name": "topk", "ratio": 0.25}, "residual")
+    h = gracecomm.build({"name": "topk", "ratio": 0.25}, "residual")
     h.load_state_dict(state)
     assert torch.equal(h.memory.residuals["w"], g.memory.residuals["w"])
 
@@ -141,7 +141,7 @@ def test_residual_is_the_decompressed_difference(spec, dtype):
     make), other methods as t - decompress: bit for bit t - decompress(payload), signed
     zeros and huge values included, and the caller's gradient never written."""
     mem = registry.create("memory", "residual", beta=0.75)
-    comp = grace.build(spec, "residual").compressor
+    comp = gracecomm.build(spec, "residual").compressor
     gen = torch.Generator().manual_seed(3)
     for step in range(4):
         g = torch.randn(4096, generator=gen).to(dtype)
@@ -160,19 +160,19 @@ def test_residual_is_the_decompressed_difference(spec, dtype):
 
 
 def test_checkpoint_state_is_weights_only_loadable(tmp_path):
-    g = grace.build({"name": "randomk", "ratio": 0.5})
+    g = gracecomm.build({"name": "randomk", "ratio": 0.5})
     for _ in range(3):
         g.step(torch.randn(10), "a")
     torch.save(g.state_dict(), tmp_path / "s.pt")
     state = torch.load(tmp_path / "s.pt", weights_only=True)
-    h = grace.build({"name": "randomk", "ratio": 0.5})
+    h = gracecomm.build({"name": "randomk", "ratio": 0.5})
     h.load_state_dict(state)
     t = torch.randn(10)
     assert torch.equal(g.step(t, "a"), h.step(t, "a"))
 
 
 def test_fp16_saturates_instead_of_overflowing():
-    g = grace.build("fp16")
+    g = gracecomm.build("fp16")
     out = g.step(torch.tensor([1e6, -1e6, 1.0]), "w")
     assert torch.isfinite(out).all() and out[0] == 65504 and out[1] == -65504
     assert g.metrics.pop()["saturated"] == 2
@@ -181,32 +181,32 @@ def test_fp16_saturates_instead_of_overflowing():
 @pytest.mark.parametrize("ratio", [0, -0.1, 1.5, float("nan"), "a", None, True])
 def test_bad_ratio_is_refused(ratio):
     with pytest.raises(ConfigError, match="ratio"):
-        grace.build({"name": "topk", "ratio": ratio})
+        gracecomm.build({"name": "topk", "ratio": ratio})
 
 
 def test_unknown_names_list_valid_ones():
     with pytest.raises(registry.UnknownNameError, match="Did you mean 'topk'.*Available: .*randomk"):
-        grace.build("tpok")
+        gracecomm.build("tpok")
     with pytest.raises(registry.UnknownNameError, match="unknown memory"):
-        grace.build("topk", "residul")
+        gracecomm.build("topk", "residul")
     with pytest.raises(registry.UnknownNameError, match="unknown communicator"):
-        grace.build("topk", "none", "allgater")
+        gracecomm.build("topk", "none", "allgater")
 
 
 def test_incompatible_pairing_is_refused_at_build_time():
     for name in ("topk", "threshold"):
-        with pytest.raises(grace.IncompatibleError, match="not summable"):
-            grace.build(name, "none", "allreduce")
-    grace.build("randomk", "none", "allreduce")  # summable: fine
+        with pytest.raises(gracecomm.IncompatibleError, match="not summable"):
+            gracecomm.build(name, "none", "allreduce")
+    gracecomm.build("randomk", "none", "allreduce")  # summable: fine
 
 
 def test_bad_tensors_raise_clear_errors():
-    g = grace.build("topk")
+    g = gracecomm.build("topk")
     with pytest.raises(TypeError, match="tensor 'ints' has dtype torch.int64"):
         g.step(torch.arange(4), "ints")
     with pytest.raises(NonFiniteError, match="tensor 'bad' holds 1 NaN and 1 Inf"):
         g.step(torch.tensor([1.0, float("nan"), float("inf")]), "bad")
-    unchecked = grace.build("none", check_finite=False)
+    unchecked = gracecomm.build("none", check_finite=False)
     assert unchecked.step(torch.tensor([float("nan")]), "x").isnan().all()
 
 
@@ -221,8 +221,8 @@ def test_sparse_payload_validation():
 
 
 def test_output_buffers_are_lent_again_only_once_every_tensor_on_them_is_gone(monkeypatch):
-    monkeypatch.setattr(sparse, "_RECYCLER", sparse._Recycler())
-    n = sparse.HUGE_PAGE_MIN // 4
+    monkeypatch.setattr(buffers, "_RECYCLER", buffers._Recycler())
+    n = buffers.HUGE_PAGE_MIN // 4
     out = dense_zeros(n, torch.float32, "cpu")
     tail = out[n // 2:]  # a view keeps the buffer lent after `out` is dropped
     address = out.data_ptr()
@@ -240,28 +240,28 @@ def test_output_buffers_are_lent_again_only_once_every_tensor_on_them_is_gone(mo
 
 
 def test_recycled_buffers_are_kept_up_to_the_cap(monkeypatch):
-    recycler = sparse._Recycler()
-    monkeypatch.setattr(sparse, "_RECYCLER", recycler)
-    monkeypatch.setattr(sparse, "RECYCLED_KEPT", 3 * sparse.HUGE_PAGE_MIN)
-    n = sparse.HUGE_PAGE_MIN // 4
+    recycler = buffers._Recycler()
+    monkeypatch.setattr(buffers, "_RECYCLER", recycler)
+    monkeypatch.setattr(buffers, "RECYCLED_KEPT", 3 * buffers.HUGE_PAGE_MIN)
+    n = buffers.HUGE_PAGE_MIN // 4
     outs = [dense_empty(n, torch.float32, "cpu") for _ in range(4)]
     small = dense_empty(10, torch.float32, "cpu")  # below HUGE_PAGE_MIN: torch's own
     del outs, small
     again = dense_empty(n, torch.float32, "cpu")
-    assert recycler.kept == 2 * sparse.HUGE_PAGE_MIN and not recycler.returned
+    assert recycler.kept == 2 * buffers.HUGE_PAGE_MIN and not recycler.returned
     assert again.numel() == n
     del again
-    sparse.release_recycled()  # what the bench's memory measurement starts from
+    buffers.release_recycled()  # what the bench's memory measurement starts from
     assert recycler.kept == 0 and not recycler.free and not recycler.returned
 
 
 def test_recycled_buffers_over_the_cap_give_back_the_least_recently_dropped(monkeypatch):
     """The sizes a run keeps dropping stay recycled: a buffer dropped long ago is given back
     to the system to make room for newer ones, not the newer ones refused."""
-    recycler = sparse._Recycler()
-    monkeypatch.setattr(sparse, "_RECYCLER", recycler)
-    monkeypatch.setattr(sparse, "RECYCLED_KEPT", 2 * sparse.HUGE_PAGE_MIN)
-    n = sparse.HUGE_PAGE_MIN // 4
+    recycler = buffers._Recycler()
+    monkeypatch.setattr(buffers, "_RECYCLER", recycler)
+    monkeypatch.setattr(buffers, "RECYCLED_KEPT", 2 * buffers.HUGE_PAGE_MIN)
+    n = buffers.HUGE_PAGE_MIN // 4
     old = dense_empty(2 * n, torch.float32, "cpu")
     del old
     new = [dense_empty(n, torch.float32, "cpu") for _ in range(2)]
@@ -281,18 +281,18 @@ def test_shared_streams_are_stable():
 
 
 def test_registry_create_and_available():
-    assert set(CORE) <= set(grace.available("compressor"))
-    assert {"none", "residual"} <= set(grace.available("memory"))
-    assert {"allreduce", "allgather", "broadcast"} <= set(grace.available("communicator"))
-    assert grace.create("compressor", "topk", ratio=0.5).ratio == 0.5
+    assert set(CORE) <= set(gracecomm.available("compressor"))
+    assert {"none", "residual"} <= set(gracecomm.available("memory"))
+    assert {"allreduce", "allgather", "broadcast"} <= set(gracecomm.available("communicator"))
+    assert gracecomm.create("compressor", "topk", ratio=0.5).ratio == 0.5
     with pytest.raises(registry.UnknownNameError, match="unknown registry"):
-        grace.available("codec")
+        gracecomm.available("codec")
 
 
 @pytest.mark.parametrize("kind", ["compressor", "memory", "communicator", "index_codec"])
 def test_available_verbose_names_the_defining_module(kind):
-    index = grace.available(kind, verbose=True)
-    assert list(index) == grace.available(kind)
+    index = gracecomm.available(kind, verbose=True)
+    assert list(index) == gracecomm.available(kind)
     for name, module in index.items():
         cls = registry.get(kind, name)
         assert getattr(importlib.import_module(module), cls.__name__) is cls, name
@@ -308,9 +308,9 @@ def test_state_replaced_on_recycled_buffers_keeps_earlier_snapshots(spec, memory
     """Residuals and momentum large enough to live on recycled buffers: every step replaces
     them with new tensors, so a snapshot taken earlier stays as it was while the buffers of
     the tensors it does not hold are lent again."""
-    pipe = grace.build(spec, memory)
+    pipe = gracecomm.build(spec, memory)
     gen = torch.Generator().manual_seed(0)
-    n = 2 * sparse.HUGE_PAGE_MIN // 4
+    n = 2 * buffers.HUGE_PAGE_MIN // 4
     for _ in range(2):
         pipe.step(torch.randn(n, generator=gen), "w")
     kept = pipe.state_dict()
@@ -327,7 +327,7 @@ def test_tensors_that_require_grad_are_exchanged_as_their_values(spec, memory):
     """A tensor still attached to an autograd graph is exchanged as its detached values: the
     memories' state (written with out= into recycled buffers) never holds a graph."""
     x = torch.randn(300, requires_grad=True)
-    a, b = grace.build(spec, memory), grace.build(spec, memory)
+    a, b = gracecomm.build(spec, memory), gracecomm.build(spec, memory)
     for _ in range(3):
         assert torch.equal(a.step(x * 2, "w"), b.step((x * 2).detach(), "w"))
     assert not any(t.requires_grad for t in state_tensors(a.state_dict()))
@@ -337,8 +337,8 @@ def test_recycled_buffers_are_never_lent_twice_across_threads(monkeypatch):
     """Outputs made and dropped on two threads at once (the exchange thread beside the
     training thread): no buffer is lent while a tensor on it lives, and every one comes
     zeroed."""
-    monkeypatch.setattr(sparse, "_RECYCLER", sparse._Recycler())
-    n = sparse.HUGE_PAGE_MIN // 4
+    monkeypatch.setattr(buffers, "_RECYCLER", buffers._Recycler())
+    n = buffers.HUGE_PAGE_MIN // 4
     failures = []
 
     def work(mark: float) -> None:

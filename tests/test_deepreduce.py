@@ -10,18 +10,23 @@ import torch
 import torch.distributed as dist
 from hydra.utils import get_class
 
-import grace
-from grace import registry
-from grace.config import instantiate
-from grace.compressor import TensorInfo
-from grace.sparse import SparseSelection, Sparsifier
-from grace.validation import ConfigError, IncompatibleError, PayloadError
-from grace.wire import pack_uint
-from gracecomm.compressors.deepreduce import (INDEX_CODECS, VALUE_CODECS, BloomIndex, DeepReduce,
-                                    PolyFitValues)
+import gracecomm
+from gracecomm import registry
+from gracecomm.compressor import TensorInfo
+from gracecomm.compressors.deepreduce import (
+    INDEX_CODECS,
+    VALUE_CODECS,
+    BloomIndex,
+    DeepReduce,
+    PolyFitValues,
+)
 from gracecomm.compressors.deepreduce.container import HEADER_BYTES, Flag
 from gracecomm.compressors.randomk import RandomK
 from gracecomm.compressors.topk import TopK
+from gracecomm.config import instantiate
+from gracecomm.sparse import SparseSelection, Sparsifier
+from gracecomm.validation import ConfigError, IncompatibleError, PayloadError
+from gracecomm.wire import pack_uint
 from tests.helpers import CONFIG_DIR, compose_train, run_ranks
 from tests.test_train import records, train
 
@@ -100,7 +105,7 @@ def test_command_line_composition_and_defaults():
 
 
 def test_python_construction_and_bad_parts():
-    g = grace.build({"name": "deepreduce", "sparsifier": {"name": "topk", "ratio": 0.05},
+    g = gracecomm.build({"name": "deepreduce", "sparsifier": {"name": "topk", "ratio": 0.05},
                      "index": {"name": "bloom", "fpr": 0.01}, "value": "polyfit"})
     assert g.memory.registry_name == "residual" and g.communicator.registry_name == "allgather"
     assert DeepReduce(None).sparsifier.registry_name == ""  # NonZero
@@ -109,7 +114,7 @@ def test_python_construction_and_bad_parts():
     with pytest.raises(ConfigError, match="unknown index_codec 'blom'"):
         DeepReduce(index="blom")
     with pytest.raises(IncompatibleError, match="not summable"):
-        grace.build("deepreduce", communicator="allreduce")
+        gracecomm.build("deepreduce", communicator="allreduce")
     for family, count in ((INDEX_CODECS, 8), (VALUE_CODECS, 7)):  # distinct container ids
         assert {family.get(n).codec_id for n in family.available()} == set(range(1, count + 1))
 
@@ -203,7 +208,7 @@ def test_r_zero_and_r_d(index, value):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
 def test_dtypes_and_shapes_are_preserved(dtype):
-    g = grace.build({"name": "deepreduce", "sparsifier": {"name": "topk", "ratio": 0.1},
+    g = gracecomm.build({"name": "deepreduce", "sparsifier": {"name": "topk", "ratio": 0.1},
                      "index": "bloom", "value": "fp16"}, "none")
     t = laplace(300, seed=6).view(3, 10, 10).to(dtype)
     out = g.step(t, "w")
@@ -211,7 +216,7 @@ def test_dtypes_and_shapes_are_preserved(dtype):
 
 
 def test_metrics_split_the_wire_bytes():
-    g = grace.build({"name": "deepreduce", "index": {"name": "bloom", "policy": "p2"},
+    g = gracecomm.build({"name": "deepreduce", "index": {"name": "bloom", "policy": "p2"},
                      "value": "polyfit"})
     tensors = [("a", laplace(5000, 7)), ("b", laplace(30, 8)), ("c", torch.zeros(10))]
     g.step_many(tensors)
@@ -357,8 +362,8 @@ def check_two_ranks(rank, world_size):
     for spec in COMBOS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            g = grace.build({"name": "deepreduce", **spec}, "none", "allgather")
-            twin = grace.build({"name": "deepreduce", **spec}, "none", "allgather")
+            g = gracecomm.build({"name": "deepreduce", **spec}, "none", "allgather")
+            twin = gracecomm.build({"name": "deepreduce", **spec}, "none", "allgather")
         mine = rank_tensors(rank)
         outs = g.step_many(mine)
         stats = g.metrics.pop()
@@ -397,7 +402,7 @@ def test_training_with_deepreduce(tmp_path):
     assert summary["compressor"] == "deepreduce" and summary["steps"] == 8
 
 
-class EveryOther(grace.Compressor, SparseSelection):
+class EveryOther(gracecomm.Compressor, SparseSelection):
     """A sparsifier defined outside the library: it sends the values at even positions
     (known to every rank, so only the values travel), through the protocol alone."""
 
@@ -425,5 +430,5 @@ def test_a_new_sparsifier_needs_no_change_to_the_wrappers(index) -> None:
     else:  # P2 sends the dense values of the positions it decodes (a false positive's too)
         kept = out != 0
         assert torch.equal(out[kept], x[kept]) and int(kept.sum()) == 51
-    compose = grace.COMPRESSORS.get("compose")([EveryOther(), "fp16"])
+    compose = gracecomm.COMPRESSORS.get("compose")([EveryOther(), "fp16"])
     assert torch.allclose(compose.decompress(*compose.compress(x, "x")), expected, atol=1e-3)

@@ -8,10 +8,10 @@ import warnings
 import pytest
 import torch
 
-from grace.validation import ConfigError, PayloadError, numba_available
 from gracecomm.compressors.deepreduce import BloomIndex, CodecCtx, bloom_size, expected_fpr
 from gracecomm.compressors.deepreduce.bloom import HashFamily, TorchBloom
 from gracecomm.compressors.deepreduce.policies import conflict_selection, mix, priority_rank
+from gracecomm.validation import ConfigError, PayloadError, numba_available
 
 try:
     import pybloom_live

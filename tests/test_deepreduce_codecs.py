@@ -5,14 +5,14 @@ import math
 import pytest
 import torch
 
-from grace import registry
-from grace.compressor import Compressor, TensorInfo
-from grace.validation import ConfigError, PayloadError
-from grace.wire import pack_uint
+from gracecomm import registry
+from gracecomm.compressor import Compressor, TensorInfo
 from gracecomm.compressors.deepreduce import INDEX_CODECS, VALUE_CODECS, CodecCtx
 from gracecomm.compressors.deepreduce.container import pack_mapping, unpack_mapping
 from gracecomm.compressors.deepreduce.fitting import auto_segments, canonical_order, segment
 from gracecomm.compressors.deepreduce.index import HuffmanIndex, huffman_code, rle_runs
+from gracecomm.validation import ConfigError, PayloadError
+from gracecomm.wire import pack_uint
 
 LOSSLESS = [("raw32", {}), ("packed", {}), ("bitmap", {}), ("rle", {}),
             ("rle", {"mode": "alternate"}), ("huffman", {}), ("delta_varint", {}),

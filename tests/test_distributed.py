@@ -9,8 +9,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import grace
-from grace import registry
+import gracecomm
+from gracecomm import registry
 from tests.helpers import run_ranks
 
 SHAPES = {"a": (13,), "b": (4, 6), "c": (1,), "zeros": (9,)}
@@ -42,7 +42,7 @@ def check_communicators(rank, world_size):
             cls = registry.get("compressor", name)
             if comm == "allreduce" and not cls.summable:
                 continue
-            g = grace.build({"name": name, **OPTIONS.get(name, {})}, "none", comm)
+            g = gracecomm.build({"name": name, **OPTIONS.get(name, {})}, "none", comm)
             tensors = rank_tensors(rank)
             outs = g.step_many(list(tensors.items()))
             for (tname, _), out in zip(tensors.items(), outs):
@@ -56,7 +56,7 @@ def check_communicators(rank, world_size):
             stats = g.metrics.pop()
             assert stats["wire_bytes"] >= 0 and stats["comm_s"] >= 0
     # all ranks send nothing: no hang, zeros back
-    g = grace.build({"name": "threshold", "threshold": 10.0}, "none", "allgather")
+    g = gracecomm.build({"name": "threshold", "threshold": 10.0}, "none", "allgather")
     assert g.step(torch.zeros(5), "z").eq(0).all()
     assert g.metrics.pop()["wire_bytes"] == 0
 
@@ -95,15 +95,15 @@ def check_ddp_hook(rank, world_size):
     # plain DDP and DDP with the Grace hook and no compression give the same gradients
     plain = DistributedDataParallel(copy.deepcopy(base))
     hooked = DistributedDataParallel(copy.deepcopy(base))
-    grace.register_comm_hook(hooked, grace.build("none"))
+    gracecomm.register_comm_hook(hooked, gracecomm.build("none"))
     for model in (plain, hooked):
         nn.functional.cross_entropy(model(x), y).backward()
     for (n, p), (_, q) in zip(plain.module.named_parameters(), hooked.module.named_parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), n
     # with Top-k, every parameter's gradient is the mean of the ranks' sparsified gradients
     topk = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=1)
-    g = grace.build({"name": "topk", "ratio": 0.1}, "none")
-    grace.register_comm_hook(topk, g)
+    g = gracecomm.build({"name": "topk", "ratio": 0.1}, "none")
+    gracecomm.register_comm_hook(topk, g)
     nn.functional.cross_entropy(topk(x), y).backward()
     per_rank = [local_grads(base, r) for r in range(world_size)]
     for name, param in topk.module.named_parameters():

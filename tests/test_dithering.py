@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import gracecomm.compressors.shared.stochastic as stochastic
-from grace.validation import ConfigError, PayloadError
 from gracecomm.compressors.dithering import QSGD, NaturalDithering, StandardDithering, TernGrad
+from gracecomm.validation import ConfigError, PayloadError
 from tests.quantizer_checks import assert_kernels_match_torch, bound, gaussian, roundtrip
 
 UNBIASED = [

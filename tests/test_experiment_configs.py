@@ -13,7 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from grace import registry
+from gracecomm import registry
 from gracecomm.experiments.train import build_grace, validate
 from tests.helpers import CONFIG_DIR, compose_train
 

@@ -10,12 +10,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from grace import register_comm_hook
-from grace.config import instantiate
-from grace.validation import ConfigError, MissingDependency
+from gracecomm import register_comm_hook
+from gracecomm.config import instantiate
 from gracecomm.experiments import data as datasets
 from gracecomm.experiments.tasks import Classification, LanguageModelling, Recommendation, make_task
 from gracecomm.experiments.train import build_grace, evaluate, validate
+from gracecomm.validation import ConfigError, MissingDependency
 from tests.helpers import CONFIG_DIR, compose_train, run_ranks
 
 SMALL_FEEDBACK = ("data.num_users=120", "data.num_items=300", "data.interactions=8")

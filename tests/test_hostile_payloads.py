@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-import grace
-from grace.launch import WorkerError
+import gracecomm
+from gracecomm.experiments.launch import WorkerError
 from tests.helpers import run_ranks
 
 SHAPES = {"w": (8, 12), "b": (40,)}
@@ -53,7 +53,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 def hostile(rank: int, world_size: int, case: str, out: str) -> None:
     setup = CASES[case]
-    pipe = grace.build(setup["spec"], communicator=setup.get("comm"))
+    pipe = gracecomm.build(setup["spec"], communicator=setup.get("comm"))
     comm = pipe.communicator
     gen = torch.Generator().manual_seed(rank)
     try:

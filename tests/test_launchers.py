@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gracecomm.experiments.train import objective, objective_names
-from grace.validation import ConfigError
+from gracecomm.validation import ConfigError
 from tests.helpers import compose_train
 from tests.test_train import train
 

@@ -10,17 +10,17 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-import grace
-from gracecomm.compressors.shared.deflate import deflate
-from grace.validation import ConfigError, PayloadError
+import gracecomm
 from gracecomm.compressors.lgc.autoencoder import Decoder, Encoder, pad, padded_length
 from gracecomm.compressors.lgc.layout import IndexCoding, Plan
 from gracecomm.compressors.lgc.ps import LGCPS, similarity_loss
 from gracecomm.compressors.lgc.rar import LGCRar
+from gracecomm.compressors.shared.deflate import deflate
 from gracecomm.experiments.bench.lgc import run as bench_lgc
 from gracecomm.experiments.lgc_report import report
-from gracecomm.experiments.report import read_run
 from gracecomm.experiments.models import ReferenceCNN
+from gracecomm.experiments.report import read_run
+from gracecomm.validation import ConfigError, PayloadError
 
 
 def nparams(module):
@@ -179,7 +179,7 @@ def test_similarity_loss_is_twice_the_unordered_pair_sum():
 @pytest.mark.parametrize("name", ["lgc_rar", "lgc_ps"])
 def test_transmitted_plus_residual_is_the_compensated_tensor(name):
     model = ReferenceCNN()
-    g = grace.build({"name": name, "ratio": 0.01, "warmup_iters": 1, "ae_train_iters": 1})
+    g = gracecomm.build({"name": name, "ratio": 0.01, "warmup_iters": 1, "ae_train_iters": 1})
     sent = {}
     for step in range(3):  # phases 1, 2, 3
         grads = model_grads(model, step)
@@ -223,13 +223,13 @@ def test_state_round_trips_through_a_checkpoint(name):
     give identical aggregates, autoencoder weights and optimizer state."""
     model = ReferenceCNN()
     options = {"name": name, "ratio": 0.01, "warmup_iters": 1, "ae_train_iters": 4}
-    first = grace.build(options)
+    first = gracecomm.build(options)
     for step in range(3):
         first.step_many(model_grads(model, step))
     buf = io.BytesIO()
     torch.save(first.state_dict(), buf)
     buf.seek(0)
-    second = grace.build(options)
+    second = gracecomm.build(options)
     second.load_state_dict(torch.load(buf, weights_only=True))
     assert second.compressor.phase == 2 and second.compressor.step == 3
     for step in range(3, 7):
@@ -248,7 +248,7 @@ def test_tiny_and_degenerate_models():
     two = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
     for model, mu in ((tiny, 3), (two, 0)):
         for name in ("lgc_rar", "lgc_ps"):
-            g = grace.build({"name": name, "ratio": 0.1, "warmup_iters": 1, "ae_train_iters": 2})
+            g = gracecomm.build({"name": name, "ratio": 0.1, "warmup_iters": 1, "ae_train_iters": 2})
             for step in range(5):
                 outs = g.step_many(model_grads(model, step))
                 assert all(torch.isfinite(o).all() for o in outs)
@@ -272,16 +272,16 @@ def test_bad_options_name_the_option():
         LGCPS(innovation={"mode": "all"})
     with pytest.raises(ConfigError, match="'ae.optimizer'"):
         LGCRar(ae={"optimizer": "lbfgs"})
-    with pytest.raises(grace.IncompatibleError, match="only with communicator 'allreduce'"):
-        grace.build("lgc_rar", communicator="allgather")
-    with pytest.raises(grace.IncompatibleError, match="only with communicator 'parameter_server'"):
-        grace.build("lgc_ps", communicator="allreduce")
+    with pytest.raises(gracecomm.IncompatibleError, match="only with communicator 'allreduce'"):
+        gracecomm.build("lgc_rar", communicator="allgather")
+    with pytest.raises(gracecomm.IncompatibleError, match="only with communicator 'parameter_server'"):
+        gracecomm.build("lgc_ps", communicator="allreduce")
     for options in ({"name": "lgc_rar", "trainer_rank": 3}, {"name": "lgc_ps", "leader_rank": 2}):
-        g = grace.build({**options, "warmup_iters": 0, "ae_train_iters": 0})
+        g = gracecomm.build({**options, "warmup_iters": 0, "ae_train_iters": 0})
         with pytest.raises(ConfigError, match="is [23] but the world has 1 ranks"):
             g.step(torch.randn(100), "x")
     with pytest.raises(TypeError, match="one dtype"):
-        grace.build("lgc_rar").step_many([("a", torch.ones(3)), ("b", torch.ones(3).double())])
+        gracecomm.build("lgc_rar").step_many([("a", torch.ones(3)), ("b", torch.ones(3).double())])
 
 
 def test_sgd_optimizer_and_unscaled_inputs():
@@ -306,7 +306,7 @@ def test_ps_at_the_leaders_indices_sends_no_index_stream_of_its_own():
     """With indices: leader the worker's payload carries an empty index stream (the leader's
     selection came by broadcast); a payload that carries one is refused."""
     torch.manual_seed(0)
-    g = grace.build({"name": "lgc_ps", "ratio": 0.01, "warmup_iters": 0, "ae_train_iters": 2,
+    g = gracecomm.build({"name": "lgc_ps", "ratio": 0.01, "warmup_iters": 0, "ae_train_iters": 2,
                      "indices": "leader"})
     grads = model_grads(ReferenceCNN(), 0)
     comp = g.compressor

@@ -9,13 +9,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import grace
+import gracecomm
 from gracecomm.compressors.lgc.autoencoder import padded_length
 from gracecomm.compressors.lgc.ps import LGCPS
 from gracecomm.compressors.lgc.rar import LGCRar
 from gracecomm.experiments.lgc_report import phase_rows, report
-from gracecomm.experiments.report import read_run
 from gracecomm.experiments.models import ReferenceCNN
+from gracecomm.experiments.report import read_run
 from tests.helpers import run_ranks
 from tests.test_lgc import model_grads
 from tests.test_parameter_server import same_on_every_rank
@@ -57,14 +57,14 @@ def check_phases(rank, world_size):
     grads = rank_grads(model, rank)
     # phase 1 is the exact mean gradient under both communicators
     for name in ("lgc_rar", "lgc_ps"):
-        outs = grace.build({"name": name, "ratio": 0.01}).step_many(grads)
+        outs = gracecomm.build({"name": name, "ratio": 0.01}).step_many(grads)
         for (n, t), out in zip(grads, outs):
             mean = t.clone()
             dist.all_reduce(mean)
             assert torch.allclose(out, mean / world_size, atol=1e-6), (name, n)
     # RAR with an identity autoencoder and unscaled inputs: the leader-index top-k mean
     rar = LGCRar(ratio=0.01, warmup_iters=0, ae_train_iters=0, ae={"input_scale": "none"})
-    g = grace.build(rar)
+    g = gracecomm.build(rar)
     rar.ensure_autoencoder(torch.device("cpu"))
     rar.encoder, rar.decoders, rar.synced = Fold(), nn.ModuleList([Unfold()]), True
     outs = g.step_many(grads)
@@ -75,7 +75,7 @@ def check_phases(rank, world_size):
     for indices, chooser in (("own", lambda r: r), ("leader", lambda r: world_size - 1)):
         ps = LGCPS(ratio=0.01, warmup_iters=0, ae_train_iters=0, innovation={"beta": 1.0},
                    indices=indices)
-        g = grace.build(ps)
+        g = gracecomm.build(ps)
         ps.ensure_autoencoder(torch.device("cpu"))
         with torch.no_grad():
             for decoder in ps.decoders:
@@ -88,7 +88,7 @@ def check_phases(rank, world_size):
 def run_variant(name, model, rank, steps, **options):
     """Train-free run through the three phases; checks that every rank ends each step with
     the same aggregate and that the bytes match the spec's Sec. 8 formulas."""
-    g = grace.build({"name": name, "ratio": 0.01, "warmup_iters": 1, "ae_train_iters": 2,
+    g = gracecomm.build({"name": name, "ratio": 0.01, "warmup_iters": 1, "ae_train_iters": 2,
                      **options})
     comp, history = g.compressor, []
     for step in range(steps):
@@ -183,7 +183,7 @@ def check_ps_learns_a_common_part(rank, world_size, lr, learns):
     rho_innov. Measured: rho 0.28 against rho_innov 0.83 after 120 training steps (0.34x); an
     autoencoder that does not learn (lr 1e-12: its pass-through initialisation) gives 0.832
     against 0.831 (1.00x), so the gate lies between the two with room on both sides."""
-    g = grace.build({"name": "lgc_ps", "ratio": 0.05, "warmup_iters": 0, "ae_train_iters": 120,
+    g = gracecomm.build({"name": "lgc_ps", "ratio": 0.05, "warmup_iters": 0, "ae_train_iters": 120,
                      "ae": {"lr": lr}}, "none")
     sizes = {"first.weight": 16, "mid.weight": 8192, "mid2.weight": 8192, "last.weight": 32}
     rho, innov = [], []

@@ -13,15 +13,14 @@ import pytest
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from grace import registry
-from grace.config import instantiate
-from grace.sparse import DEFAULT_RATIO
-from grace.validation import ConfigError
+from gracecomm import registry
 from gracecomm.compressors.compose import Compose
 from gracecomm.compressors.deepreduce import DeepReduce
 from gracecomm.compressors.topk import TopK
-from gracecomm.experiments.method_defaults import (RECORD_KEY, apply_method_defaults,
-                                                   given_keys)
+from gracecomm.config import instantiate
+from gracecomm.experiments.method_defaults import RECORD_KEY, apply_method_defaults, given_keys
+from gracecomm.sparse import DEFAULT_RATIO
+from gracecomm.validation import ConfigError
 from tests.helpers import CONFIG_DIR, compose_train
 from tests.test_experiment_configs import jobs
 

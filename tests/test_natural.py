@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from gracecomm.compressors.shared.kernels import PARALLEL_MIN
-from grace.metrics import Metrics
 import gracecomm.compressors.shared.stochastic as stochastic
-from gracecomm.compressors.shared.stochastic import FLOAT_BITS, counter_hash, natural_round_bits
-from grace.validation import ConfigError, NonFiniteError, PayloadError
 from gracecomm.compressors.natural import Natural, nat9_nbytes
+from gracecomm.compressors.shared.kernels import PARALLEL_MIN
+from gracecomm.compressors.shared.stochastic import FLOAT_BITS, counter_hash, natural_round_bits
+from gracecomm.metrics import Metrics
+from gracecomm.validation import ConfigError, NonFiniteError, PayloadError
 from tests.quantizer_checks import assert_kernels_match_torch, bound, gaussian
 
 F32 = FLOAT_BITS[torch.float32]

@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gracecomm.experiments.netbench import NAMESPACE_PREFIX, format_table, plan
-from grace.validation import ConfigError
+from gracecomm.validation import ConfigError
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "netbench.yaml"
 ROOT = os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "tc"))

@@ -4,9 +4,9 @@ communicators record for it on 2 ranks."""
 import pytest
 import torch
 
-import grace
-from grace.network import Network, networks, project
-from grace.validation import ConfigError
+import gracecomm
+from gracecomm.network import Network, networks, project
+from gracecomm.validation import ConfigError
 from tests.helpers import run_ranks
 
 # 1 Gbps = 1.25e8 bytes/s, i.e. 8e-9 s per byte; latency 10 us
@@ -71,14 +71,14 @@ def test_unknown_collective_kind():
 
 def record_collectives(rank, world_size):
     tensors = [("a", torch.randn(1000) * (rank + 1)), ("b", torch.randn(10, 10))]
-    dense = grace.build("none")
+    dense = gracecomm.build("none")
     dense.step_many(tensors)
     stats = dense.metrics.pop()
     assert stats["exchanges"] == 1
     assert stats["coll_allreduce_calls"] == 1
     assert stats["coll_allreduce_bytes"] == stats["wire_bytes"] == 4 * 1100
 
-    sparse = grace.build({"name": "topk", "ratio": 0.1})  # allgather: sizes, then payloads
+    sparse = gracecomm.build({"name": "topk", "ratio": 0.1})  # allgather: sizes, then payloads
     sparse.step_many(tensors)
     stats = sparse.metrics.pop()
     assert stats["coll_allgather_calls"] == 2
@@ -86,7 +86,7 @@ def record_collectives(rank, world_size):
     # byte counts and dtype codes (int64) per rank; payloads: 110 (value, index) pairs per rank
     assert stats["coll_allgather_bytes"] == world_size * (2 * 4 * 8 + 110 * 8)
 
-    bcast = grace.build({"name": "topk", "ratio": 0.1}, communicator="broadcast")
+    bcast = gracecomm.build({"name": "topk", "ratio": 0.1}, communicator="broadcast")
     bcast.step_many(tensors)
     stats = bcast.metrics.pop()
     assert stats["coll_broadcast_calls"] == world_size

@@ -14,10 +14,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import grace
-from grace import NonFiniteError
-from grace.pipeline import snapshot
+import gracecomm
+from gracecomm import NonFiniteError
 from gracecomm.experiments.models import ReferenceCNN
+from gracecomm.pipeline import snapshot
 from tests.helpers import run_ranks, same, state_tensors
 
 SHAPES = {"w": (16, 12), "b": (16,), "v": (300,)}
@@ -37,9 +37,9 @@ def shapes(name: str) -> dict[str, tuple[int, ...]]:
     return SHAPES
 
 
-@pytest.mark.parametrize("name", grace.available("compressor"))
+@pytest.mark.parametrize("name", gracecomm.available("compressor"))
 def test_nonfinite_step_passes_through_and_leaves_the_state_as_it_was(name):
-    pipe = grace.build(spec(name), check_finite=False)
+    pipe = gracecomm.build(spec(name), check_finite=False)
     gen = torch.Generator().manual_seed(0)
 
     def grads(bad: bool = False) -> list[tuple[str, torch.Tensor]]:
@@ -63,7 +63,7 @@ def test_nonfinite_step_passes_through_and_leaves_the_state_as_it_was(name):
 
 def test_check_finite_names_the_tensor_and_the_scaler_case():
     with pytest.raises(NonFiniteError, match=r"tensor 'w'.*GradScaler.*check_finite=False"):
-        grace.build("topk").step(torch.tensor([1.0, float("nan")]), "w")
+        gracecomm.build("topk").step(torch.tensor([1.0, float("nan")]), "w")
 
 
 METHODS = {  # (compressor, memory, communicator): one of each stateful family and exchange
@@ -94,12 +94,12 @@ def train(rank: int, method: str, bad_step: int | None, skip: bool) -> torch.Ten
     (or, with `skip`, that step is left out); a step whose gradients are not finite is
     skipped, as a GradScaler skips it."""
     comp, mem, comm = METHODS[method]
-    pipe = grace.build(comp, mem, comm, check_finite=False)
+    pipe = gracecomm.build(comp, mem, comm, check_finite=False)
     model = mlp()
-    owns = grace.Need.OWNS_MOMENTUM in pipe.needs
+    owns = gracecomm.Need.OWNS_MOMENTUM in pipe.needs
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.0 if owns else 0.9)
     ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4)
-    grace.register_comm_hook(ddp, pipe, opt)
+    gracecomm.register_comm_hook(ddp, pipe, opt)
     gen = torch.Generator().manual_seed(100 + rank)
     for step in range(8):
         x, y = torch.randn(16, 12, generator=gen), torch.randint(0, 4, (16,), generator=gen)
@@ -144,12 +144,12 @@ def accuracy_with_scaler(rank: int, method: str, init_scale: float) -> tuple[flo
     applied (a skipped step retries its batch, so both runs see the same batches); returns
     the accuracy on fresh data and the number of steps the scaler skipped."""
     comp, mem, comm = METHODS[method]
-    pipe = grace.build(comp, mem, comm, check_finite=False)
+    pipe = gracecomm.build(comp, mem, comm, check_finite=False)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: Random-k diverges with it
     ddp = DistributedDataParallel(model)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
-    grace.register_comm_hook(ddp, pipe, opt, scaler=scaler)
+    gracecomm.register_comm_hook(ddp, pipe, opt, scaler=scaler)
     gen = torch.Generator().manual_seed(7)
     centers = torch.randn(4, 12, generator=gen) * 2
     skipped, applied = 0, 0
@@ -187,7 +187,7 @@ def test_gradscaler_overflows_train_every_stateful_method():
 
 
 def test_the_finiteness_check_is_exact_beyond_its_fast_path():
-    from grace.validation import all_finite, nonfinite_among
+    from gracecomm.validation import all_finite, nonfinite_among
     huge = torch.full((8,), 3e38)  # finite, but their sum overflows to Inf
     assert all_finite(huge) and all_finite(torch.empty(0))
     assert all_finite(torch.full((4,), 60000.0, dtype=torch.float16))
@@ -207,7 +207,7 @@ def test_a_bad_tensor_inside_a_bucket_is_named(name):
     views = [("a", buf[:10]), ("b", buf[10:25].view(3, 5)), ("c", buf[25:])]
     buf[17] = math.nan
     with pytest.raises(NonFiniteError, match="tensor 'b' holds 1 NaN"):
-        grace.build(name).step_many(views)
+        gracecomm.build(name).step_many(views)
 
 
 def test_an_elementwise_compressor_takes_a_bucket_in_one_call(monkeypatch):
@@ -229,7 +229,7 @@ def test_an_elementwise_compressor_takes_a_bucket_in_one_call(monkeypatch):
         n = math.prod(shape)
         views.append((f"t{i}", buf[pos:pos + n].view(shape)))
         pos += n
-    pipes = [grace.build("fp16"), grace.build("fp16"), grace.build("fp16", memory="residual")]
+    pipes = [gracecomm.build("fp16"), gracecomm.build("fp16"), gracecomm.build("fp16", memory="residual")]
     calls.clear()  # building warms the compressor up
     joined = pipes[0].step_many(views)
     assert calls == ["t0"]

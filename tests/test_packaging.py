@@ -1,6 +1,6 @@
-"""What is installed does not depend on what else is importable under generic names: the
-method folders install as `gracecomm.*`, so a user's own `compressors/` or `experiments/`
-package in the working directory cannot shadow them."""
+"""What is installed does not depend on what else is importable under generic names: everything
+installs under the one root `gracecomm`, so a user's own `grace/`, `compressors/` or
+`experiments/` package in the working directory cannot shadow any of it."""
 
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ SHADOW = 'raise SystemExit("the user\'s own package was imported instead of grac
 @pytest.fixture
 def research_repo(tmp_path: Path) -> Path:
     """A working directory holding packages named like the repository's folders."""
-    for name in ("compressors", "memories", "communicators", "experiments", "configs"):
+    for name in ("grace", "compressors", "memories", "communicators", "experiments", "configs"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(SHADOW)
     return tmp_path
 
 
 def test_registry_ignores_packages_in_the_working_directory(research_repo: Path) -> None:
-    code = ("import grace; g = grace.build('topk'); print(g); "
-            "print(len(grace.available('compressor')))")
+    code = ("import gracecomm; g = gracecomm.build('topk'); print(g); "
+            "print(len(gracecomm.available('compressor')))")
     done = subprocess.run([sys.executable, "-c", code], cwd=research_repo, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -81,7 +81,7 @@ def test_built_wheel_works_beside_shadowing_packages(research_repo: Path, tmp_pa
     source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info beside it
     folders = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-dir"].values()
-    for name in ("grace", *folders):
+    for name in folders:
         shutil.copytree(root / name, source / name,
                         ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md", "LICENSE"):
@@ -95,7 +95,7 @@ def test_built_wheel_works_beside_shadowing_packages(research_repo: Path, tmp_pa
         info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
         metadata = archive.read(f"{info}/METADATA").decode()
         scripts = archive.read(f"{info}/entry_points.txt").decode()
-    assert {n.split("/")[0] for n in names} == {"grace", "gracecomm", info}
+    assert {n.split("/")[0] for n in names} == {"gracecomm", info}
     assert "gracecomm/configs/train.yaml" in names and f"{info}/licenses/LICENSE" in names
     assert "License-Expression: Apache-2.0" in metadata
     assert all(f"gracecomm-{s} =" in scripts for s in ("train", "bench", "report"))
@@ -106,8 +106,8 @@ def test_built_wheel_works_beside_shadowing_packages(research_repo: Path, tmp_pa
     # the dependencies come from this environment, gracecomm only from the wheel
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target),
                                                         sysconfig.get_paths()["purelib"]])}
-    code = ("import sys, grace; from gracecomm.experiments import train; "
-            "print(grace.__file__, train.__file__); print(grace.build('topk')); "
+    code = ("import sys, gracecomm; from gracecomm.experiments import train; "
+            "print(gracecomm.__file__, train.__file__); print(gracecomm.build('topk')); "
             "sys.argv = ['gracecomm-train', '--cfg', 'job']; train.main()")
     done = subprocess.run([sys.executable, "-S", "-c", code], cwd=research_repo,
                           capture_output=True, text=True, timeout=300, env=env)

@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import grace
-from grace.compressor import TensorInfo
-from grace.config import instantiate
-from grace.wire import payload_nbytes
+import gracecomm
 from gracecomm.communicators.parameter_server import ParameterServer, ServerError, pack, unpack
+from gracecomm.compressor import TensorInfo
 from gracecomm.compressors.topk import TopK
+from gracecomm.config import instantiate
+from gracecomm.wire import payload_nbytes
 from tests.helpers import compose_train, run_ranks
 from tests.test_distributed import OPTIONS, expected_mean, rank_tensors
 
@@ -37,7 +37,7 @@ def check_parameter_server(rank, world_size):
     for master in (0, world_size - 1):
         for name in ("none", "fp16", "topk", "randomk", "threshold"):
             comm = ParameterServer(master_rank=master)
-            g = grace.build({"name": name, **OPTIONS.get(name, {})}, "none", comm)
+            g = gracecomm.build({"name": name, **OPTIONS.get(name, {})}, "none", comm)
             outs = g.step_many(list(tensors.items()))
             stats = g.metrics.pop()
             own = [g.compressor.compress(t, n)[0] for n, t in tensors.items()]
@@ -53,7 +53,7 @@ def check_parameter_server(rank, world_size):
             assert stats["coll_ps_push_calls"] == 1 and stats["coll_ps_pull_calls"] == 3
     # bidirectional compression: the downlink re-compresses the mean, every rank decodes it
     for downlink in ("fp16", {"name": "topk", "ratio": 0.25}):
-        g = grace.build("none", "none", {"name": "parameter_server", "downlink": downlink})
+        g = gracecomm.build("none", "none", {"name": "parameter_server", "downlink": downlink})
         outs = g.step_many(list(tensors.items()))
         stats = g.metrics.pop()
         down, sent = g.communicator.downlink, 0
@@ -66,24 +66,24 @@ def check_parameter_server(rank, world_size):
         assert stats["downlink_bytes"] == sent < sum(4 * t.numel() for t in tensors.values())
         assert stats["wire_bytes"] == sum(4 * t.numel() for t in tensors.values())
     # all ranks send nothing: no hang, zeros back
-    g = grace.build({"name": "threshold", "threshold": 10.0}, "none", "parameter_server")
+    g = gracecomm.build({"name": "threshold", "threshold": 10.0}, "none", "parameter_server")
     assert g.step(torch.zeros(5), "z").eq(0).all()
     assert g.metrics.pop()["wire_bytes"] == 0
     # a malformed payload fails on the master, and every other rank learns it instead of waiting
-    g = grace.build(CorruptTopK(0.2), "none", "parameter_server")
-    expected = grace.PayloadError if rank == 0 else ServerError
+    g = gracecomm.build(CorruptTopK(0.2), "none", "parameter_server")
+    expected = gracecomm.PayloadError if rank == 0 else ServerError
     with pytest.raises(expected, match="sparse indices span"):
         g.step(torch.randn(20), "w")
     # so does a downlink whose ctx the workers cannot rebuild
-    g = grace.build("none", "none", {"name": "parameter_server", "downlink": "randomk"})
-    expected = grace.IncompatibleError if rank == 0 else ServerError
+    g = gracecomm.build("none", "none", {"name": "parameter_server", "downlink": "randomk"})
+    expected = gracecomm.IncompatibleError if rank == 0 else ServerError
     with pytest.raises(expected, match="ctx"):
         g.step(torch.randn(20), "w")
     # a master outside the world is refused on every rank before any collective
-    with pytest.raises(grace.ConfigError, match="'master_rank' is 7"):
-        grace.build("none", "none", ParameterServer(master_rank=7)).step(torch.ones(2), "x")
+    with pytest.raises(gracecomm.ConfigError, match="'master_rank' is 7"):
+        gracecomm.build("none", "none", ParameterServer(master_rank=7)).step(torch.ones(2), "x")
     # the pipeline still works after the failures above (no collective was left half done)
-    assert same_on_every_rank(grace.build("topk", "none", "parameter_server").step(
+    assert same_on_every_rank(gracecomm.build("topk", "none", "parameter_server").step(
         torch.randn(30), "after"))
 
 
@@ -92,18 +92,18 @@ def test_parameter_server_returns_the_mean():
 
 
 def test_single_process_and_options():
-    g = grace.build({"name": "topk", "ratio": 0.5}, "none",
+    g = gracecomm.build({"name": "topk", "ratio": 0.5}, "none",
                     {"name": "parameter_server", "downlink": "fp16"})
     x = torch.tensor([1.0, -3.0, 0.5, 2.0])
     assert torch.equal(g.step(x, "x"), torch.tensor([0.0, -3.0, 0.0, 2.0]))
     stats = g.metrics.pop()
     assert (stats["wire_bytes"], stats["downlink_bytes"]) == (16, 8)
     assert g.communicator.state_dict() == {"downlink": {}}
-    with pytest.raises(grace.ConfigError, match="'downlink' must be"):
+    with pytest.raises(gracecomm.ConfigError, match="'downlink' must be"):
         ParameterServer(downlink=3)
-    with pytest.raises(grace.IncompatibleError, match="whole models"):
+    with pytest.raises(gracecomm.IncompatibleError, match="whole models"):
         ParameterServer(downlink="lgc_rar")
-    with pytest.raises(grace.ConfigError, match="'master_rank'"):
+    with pytest.raises(gracecomm.ConfigError, match="'master_rank'"):
         ParameterServer(master_rank=-1)
 
 

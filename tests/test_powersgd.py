@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-import grace
-from grace.validation import IncompatibleError, PayloadError
+import gracecomm
 from gracecomm.compressors.powersgd import PowerSGD, orthonormalize
+from gracecomm.validation import IncompatibleError, PayloadError
 
 
 def gaussian(*shape, seed=0):
@@ -13,7 +13,7 @@ def gaussian(*shape, seed=0):
 
 
 def test_bytes_per_step_are_r_times_n_plus_m_floats_per_matrix():
-    g = grace.build({"name": "powersgd", "rank": 2})
+    g = gracecomm.build({"name": "powersgd", "rank": 2})
     shapes = {"conv": (16, 8, 3, 3), "fc": (64, 512), "bias": (64,), "tiny": (2, 3)}
     g.step_many([(name, gaussian(*shape)) for name, shape in shapes.items()])
     stats = g.metrics.pop()
@@ -25,13 +25,13 @@ def test_bytes_per_step_are_r_times_n_plus_m_floats_per_matrix():
 def test_a_matrix_of_rank_at_most_r_is_recovered_in_one_step():
     u, v = gaussian(40, 2, seed=1), gaussian(2, 30, seed=2)
     m = u @ v
-    g = grace.build({"name": "powersgd", "rank": 2}, "none")
+    g = gracecomm.build({"name": "powersgd", "rank": 2}, "none")
     assert torch.allclose(g.step(m, "w"), m, atol=1e-4)
 
 
 def test_error_feedback_and_warm_start(tmp_path):
     m = gaussian(30, 20, seed=3)
-    g = grace.build({"name": "powersgd", "rank": 1})
+    g = gracecomm.build({"name": "powersgd", "rank": 1})
     out = g.step(m, "w")
     assert torch.allclose(g.memory.residuals["w"], m - out, atol=1e-6)
     q = g.compressor.q["w"]
@@ -53,17 +53,17 @@ def test_orthonormalize_handles_zero_and_dependent_columns():
     q = orthonormalize(p)
     assert torch.allclose(q[:, 0].norm(), torch.tensor(1.0))
     assert torch.allclose(q[:, 1:], torch.zeros(3, 2), atol=1e-6)
-    g = grace.build("powersgd")
+    g = gracecomm.build("powersgd")
     assert torch.equal(g.step(torch.zeros(10, 10), "z"), torch.zeros(10, 10))
 
 
 def test_other_dtypes_and_refused_pairings():
-    g = grace.build("powersgd")
+    g = gracecomm.build("powersgd")
     for x in (gaussian(8, 9).half(), gaussian(8, 9).double(), torch.tensor(1.0), torch.empty(0)):
         out = g.step(x, f"t{x.dtype}{x.dim()}")
         assert out.shape == x.shape and out.dtype == x.dtype
     with pytest.raises(IncompatibleError, match="allreduce"):
-        grace.build("powersgd", communicator="allgather")
+        gracecomm.build("powersgd", communicator="allgather")
 
 
 def test_malformed_payloads_raise():
@@ -76,7 +76,7 @@ def test_malformed_payloads_raise():
 
 
 def layout_rounds(rank, world_size):
-    pipe = grace.build({"name": "powersgd", "rank": 2, "start_iter": 2})
+    pipe = gracecomm.build({"name": "powersgd", "rank": 2, "start_iter": 2})
     tensors = [("w", torch.randn(16, 8) * (rank + 1)), ("b", torch.randn(8))]
     rounds = []
     for _ in range(5):

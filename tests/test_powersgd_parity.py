@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-import grace
+import gracecomm
 from tests.helpers import run_ranks
 
 STEPS = 100
@@ -34,11 +34,11 @@ def train(rank: int, setting: tuple, ours: bool) -> torch.Tensor:
     net = model()
     ddp = DistributedDataParallel(net)  # one bucket
     if ours:
-        pipe = grace.build({"name": "powersgd", "rank": r, "start_iter": start,
+        pipe = gracecomm.build({"name": "powersgd", "rank": r, "start_iter": start,
                             "min_compression_rate": min_rate, "warm_start": warm, "seed": 0,
                             "batch_same_shape": batch},
                            {"name": "residual", "reference": "mean"} if feedback else "none")
-        grace.register_comm_hook(ddp, pipe)
+        gracecomm.register_comm_hook(ddp, pipe)
     else:
         state = powerSGD_hook.PowerSGDState(
             None, matrix_approximation_rank=r, start_powerSGD_iter=start,

@@ -12,10 +12,10 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from grace import registry
-from grace.config import instantiate
-from grace.metrics import Metrics
-from grace.validation import NonFiniteError
+from gracecomm import registry
+from gracecomm.config import instantiate
+from gracecomm.metrics import Metrics
+from gracecomm.validation import NonFiniteError
 from tests.helpers import compose_train
 
 NAMES = registry.available("compressor")
@@ -28,7 +28,7 @@ FLUSH = torch.finfo(torch.float32).smallest_normal
 CLEAR_ERRORS = (ValueError, TypeError, FloatingPointError, NotImplementedError)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def yaml_config(name: str):
     return compose_train(f"compressor={name}").compressor
 

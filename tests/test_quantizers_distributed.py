@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-import grace
-from grace import register_comm_hook
+import gracecomm
+from gracecomm import register_comm_hook
 from gracecomm.compressors.compose import Compose
 from gracecomm.compressors.dithering import NaturalDithering
 from gracecomm.compressors.natural import Natural
@@ -50,7 +50,7 @@ def check_quantizers(rank, world_size):
     for spec, comms in METHODS:
         for comm in comms:
             memory = {"name": "efsignsgd", "lr": 0.5} if spec == {"name": "efsignsgd"} else "none"
-            g = grace.build(spec() if callable(spec) else dict(spec), memory, comm)
+            g = gracecomm.build(spec() if callable(spec) else dict(spec), memory, comm)
             c = g.compressor
             for name, x in tensors.items():
                 payload, ctx = c.compress(x, name)
@@ -66,7 +66,7 @@ def check_quantizers(rank, world_size):
                 assert torch.allclose(out, want, atol=1e-6), (spec, comm, name)
                 assert all(torch.equal(o, out) for o in gather(out)), (spec, comm, name)
     # PowerSGD: P is summed by its own allreduce, Q averaged by the communicator's
-    g = grace.build({"name": "powersgd", "rank": 2})
+    g = gracecomm.build({"name": "powersgd", "rank": 2})
     m = tensors["w"]
     payload, ctx = g.compressor.compress(m, "w")
     assert all(torch.equal(p, ctx.p) for p in gather(ctx.p))  # the same P on every rank
@@ -82,7 +82,7 @@ def check_quantizers(rank, world_size):
     for spec in (lambda: Compose([RandomK(0.5, scale="unbiased"), Natural()]),
                  lambda: Compose([RandomK(0.5, scale="unbiased"), NaturalDithering()]),
                  lambda: Natural(wire="nat8"), lambda: Natural(wire="int_fixed")):
-        train_tiny_ddp(rank, grace.build(spec()))
+        train_tiny_ddp(rank, gracecomm.build(spec()))
 
 
 def train_tiny_ddp(rank, pipeline, steps=3):

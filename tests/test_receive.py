@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import gracecomm.compressors.shared.stochastic as stochastic
-from grace.registry import COMPRESSORS
-from grace.validation import PayloadError
-from grace.wire import from_bytes, to_bytes
+from gracecomm.registry import COMPRESSORS
+from gracecomm.validation import PayloadError
+from gracecomm.wire import from_bytes, to_bytes
 from tests.quantizer_checks import bound, gaussian
 
 QUANTIZERS = {

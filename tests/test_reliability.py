@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
+
 from gracecomm.experiments import checkpoint
 from gracecomm.experiments.reliability import long_run, workers_of
 from gracecomm.experiments.train import train_worker
-from omegaconf import OmegaConf
-
 from tests.helpers import compose_train, free_port, run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,7 +137,7 @@ def sleep_past_the_deadline(rank, world_size):
 
 
 def test_hung_local_worker_is_named_with_its_stack():
-    from grace.launch import WorkerError, spawn
+    from gracecomm.experiments.launch import WorkerError, spawn
     start = time.monotonic()
     with pytest.raises(WorkerError) as info:
         spawn(wait_forever_in_rank_1, 2, timeout_s=90, collective_timeout_s=10)
@@ -149,7 +149,7 @@ def test_hung_local_worker_is_named_with_its_stack():
 
 
 def test_workers_past_the_deadline_show_their_stacks():
-    from grace.launch import WorkerTimeout, spawn
+    from gracecomm.experiments.launch import WorkerTimeout, spawn
     with pytest.raises(WorkerTimeout) as info:
         spawn(sleep_past_the_deadline, 2, timeout_s=15)
     message = str(info.value)
@@ -184,8 +184,8 @@ def test_ranks_with_different_setups_are_refused(tmp_path, override, part):
 
 
 def check_consistency(rank, world_size):
-    from grace.consistency import verify_same_on_all_ranks
-    from grace.validation import ConfigError
+    from gracecomm.experiments.consistency import verify_same_on_all_ranks
+    from gracecomm.validation import ConfigError
     verify_same_on_all_ranks({"a": "same", "b": "same"})
     with pytest.raises(ConfigError, match=r"'b' differs between ranks \(rank 0: x; rank 1: y"):
         verify_same_on_all_ranks({"a": "same", "b": "x" if rank == 0 else "y"})

@@ -8,8 +8,15 @@ import json
 import pytest
 
 from gracecomm.experiments.loggers import JsonlLogger
-from gracecomm.experiments.report import (describe, load_runs, log_to_wandb, main, pareto_front,
-                                plot_labels, write_report)
+from gracecomm.experiments.report import (
+    describe,
+    load_runs,
+    log_to_wandb,
+    main,
+    pareto_front,
+    plot_labels,
+    write_report,
+)
 from tests.test_train import train
 
 

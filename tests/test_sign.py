@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-import grace
-from grace.validation import ConfigError, IncompatibleError, PayloadError
+import gracecomm
 from gracecomm.compressors.sign import EFSignSGD, OneBit, SignSGD, Signum
 from gracecomm.memories.efsignsgd import EFSignSGDMemory
+from gracecomm.validation import ConfigError, IncompatibleError, PayloadError
 from tests.helpers import compose_train
 from tests.quantizer_checks import assert_kernels_match_torch, bound, gaussian, roundtrip
 
@@ -53,7 +53,7 @@ def test_signum_keeps_a_momentum_per_tensor(tmp_path):
 
 def test_efsignsgd_memory_and_aggregate_follow_the_paper():
     lr = 0.1
-    g = grace.build("efsignsgd", {"name": "efsignsgd", "lr": lr})
+    g = gracecomm.build("efsignsgd", {"name": "efsignsgd", "lr": lr})
     assert g.compressor.lr == lr  # handed over by the memory
     grad = torch.tensor([0.5, -1.0, 2.0, -0.3])
     out = g.step(grad, "w")
@@ -64,14 +64,14 @@ def test_efsignsgd_memory_and_aggregate_follow_the_paper():
     out2 = g.step(grad, "w")
     p2 = lr * grad + (p - delta)
     assert torch.allclose(out2, p2.abs().mean() * torch.sign(p2) / lr)
-    plain = grace.build("efsignsgd", "residual")  # error feedback in gradient units
+    plain = gracecomm.build("efsignsgd", "residual")  # error feedback in gradient units
     assert plain.compressor.lr == 1.0
     assert torch.allclose(plain.step(grad, "w"), grad.abs().mean() * torch.sign(grad))
 
 
 def test_efsignsgd_memory_needs_its_compressor():
     with pytest.raises(IncompatibleError, match="efsignsgd"):
-        grace.build("signsgd", EFSignSGDMemory(lr=0.2))
+        gracecomm.build("signsgd", EFSignSGDMemory(lr=0.2))
     cfg = compose_train("compressor=efsignsgd", "trainer.lr=0.01")
     assert cfg.memory.lr == 0.01 and "lr" not in cfg.compressor
 

@@ -10,19 +10,26 @@ import pytest
 import torch
 from scipy import stats
 
-from gracecomm.compressors.shared import exceedance
-from grace.metrics import Metrics
-from grace.needs import Need
-from gracecomm.compressors.shared.schedule import RatioSchedule
-from grace.validation import ConfigError, NonFiniteError, numba_available
 from gracecomm.compressors.dgc import DGC
 from gracecomm.compressors.gaussiank import GaussianK
 from gracecomm.compressors.redsync import RedSync
-from gracecomm.compressors.sidco import (SIDCo, StageAdapter, exponential_quantile, fit_gamma, fit_gp,
-                               gamma_quantile, gp_quantile)
+from gracecomm.compressors.shared import exceedance
+from gracecomm.compressors.shared.schedule import RatioSchedule
+from gracecomm.compressors.sidco import (
+    SIDCo,
+    StageAdapter,
+    exponential_quantile,
+    fit_gamma,
+    fit_gp,
+    gamma_quantile,
+    gp_quantile,
+)
 from gracecomm.compressors.topk import TopK
 from gracecomm.memories.dgc import DGCMemory
 from gracecomm.memories.residual import ResidualMemory
+from gracecomm.metrics import Metrics
+from gracecomm.needs import Need
+from gracecomm.validation import ConfigError, NonFiniteError, numba_available
 
 D_BIG = 2_621_440
 D_SMALL = 262_144
@@ -571,20 +578,20 @@ def test_gaussiank_follows_its_pseudocode():
 def test_trainer_moves_momentum_and_weight_decay_into_dgc_memory():
     from torch import nn
 
-    import grace
+    import gracecomm
     from gracecomm.experiments.train import make_optimizer
     from tests.helpers import compose_train
 
     cfg = compose_train("compressor=dgc", "+memory.clip_norm=1e6", "trainer.weight_decay=0.1")
     model = nn.Linear(4, 3)
     model(torch.randn(5, 4)).sum().backward()
-    pipe = grace.build({"name": "dgc", "ratio": 0.5, "sample_ratio": 1.0},
+    pipe = gracecomm.build({"name": "dgc", "ratio": 0.5, "sample_ratio": 1.0},
                        {"name": "dgc", "momentum": 0.0, "clip_norm": 1e6})
     opt, decay = make_optimizer(cfg, model, pipe)
     assert opt.param_groups[0]["momentum"] == 0 and opt.param_groups[0]["weight_decay"] == 0
     assert decay == 0.1
     decayed = [p.grad + 0.1 * p.detach() for p in model.parameters()]
-    grace.GradientExchange(pipe, model, opt, weight_decay=decay).step()
+    gracecomm.GradientExchange(pipe, model, opt, weight_decay=decay).step()
     norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in decayed])))
     assert pipe.memory.local_norm == pytest.approx(norm, rel=1e-6)
     for p, g in zip(model.parameters(), decayed):  # one rank: the sent half of g + wd w
@@ -595,7 +602,7 @@ def test_trainer_moves_momentum_and_weight_decay_into_dgc_memory():
 def test_dgc_memory_with_dense_transmission_is_heavy_ball_momentum():
     """Sent whole, a tensor keeps its momentum (v <- 0, u kept): the memory's output is
     PyTorch's SGD momentum buffer, so dense DGC (and LGC's dense layers) is momentum SGD."""
-    from grace.registry import create
+    from gracecomm.registry import create
 
     memory = create("memory", "dgc", momentum=0.9)
     dense = create("compressor", "none")
@@ -614,12 +621,12 @@ def test_dgc_memory_with_dense_transmission_is_heavy_ball_momentum():
 
 
 def test_signum_runs_the_optimizer_without_momentum():
-    import grace
+    import gracecomm
 
-    pipe = grace.build("signum")
+    pipe = gracecomm.build("signum")
     assert Need.OWNS_MOMENTUM in pipe.needs and pipe.needed_by(Need.OWNS_MOMENTUM) == \
         pipe.compressor.label
-    assert Need.OWNS_MOMENTUM not in grace.build("signsgd").needs
+    assert Need.OWNS_MOMENTUM not in gracecomm.build("signsgd").needs
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])

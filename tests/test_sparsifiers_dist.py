@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import grace
+import gracecomm
 from tests.helpers import run_ranks
 from tests.test_train import records, train
 
@@ -18,13 +18,13 @@ NAMES = ("dgc", "dgc_reference", "sidco", "redsync", "gaussiank")
 def check_allgather(rank, world_size):
     gen = torch.Generator().manual_seed(rank)
     for name in NAMES:
-        g = grace.build({"name": name, "ratio": 0.01}, "none", "allgather")
+        g = gracecomm.build({"name": name, "ratio": 0.01}, "none", "allgather")
         tensors = {"w": torch.randn(20_000, generator=gen),
                    "zeros": torch.zeros(5000) if rank == 0 else torch.randn(5000, generator=gen),
                    "tiny": torch.randn(7, generator=gen)}
         outs = g.step_many(list(tensors.items()))
         for (tname, t), out in zip(tensors.items(), outs):
-            comp = grace.create("compressor", name, ratio=0.01)
+            comp = gracecomm.create("compressor", name, ratio=0.01)
             payload, ctx = comp.compress(t, tname)  # deterministic: same selection as inside
             local = comp.decompress(payload, ctx)
             gathered = [torch.empty_like(local) for _ in range(world_size)]

@@ -1,4 +1,4 @@
-"""Declared state (grace.state): nesting, binding and epochs recurse through the parts, and
+"""Declared state (gracecomm.state): nesting, binding and epochs recurse through the parts, and
 the state layout is the one checkpoints of format 2 hold."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import grace
-from grace.metrics import Metrics
-from grace.rng import SharedStreams
-from grace.state import Stateful
+import gracecomm
+from gracecomm.metrics import Metrics
+from gracecomm.rng import SharedStreams
+from gracecomm.state import Stateful
 
 
 class Leaf(Stateful):
@@ -90,7 +90,7 @@ def test_binding_and_epochs_reach_every_inner_compressor() -> None:
     """Compose's stages, DeepReduce's sparsifier and the QSGD compressor inside its value
     codec (a compressor below a non-compressor part) are bound with the owner."""
     comm, metrics = FakeComm(), Metrics()
-    dr = grace.COMPRESSORS.create("deepreduce", sparsifier={"name": "dgc", "warmup_epochs": 2},
+    dr = gracecomm.COMPRESSORS.create("deepreduce", sparsifier={"name": "dgc", "warmup_epochs": 2},
                                   value="qsgd")
     dr.bind(comm, metrics)
     assert dr.sparsifier.comm is comm and dr.value.compressor.comm is comm
@@ -99,28 +99,28 @@ def test_binding_and_epochs_reach_every_inner_compressor() -> None:
     dr.set_epoch(2)  # the warm-up is over: the sparsifier's own ratio
     assert dr.sparsifier.ratio != before and dr.sparsifier.ratio == 0.01
 
-    compose = grace.COMPRESSORS.create("compose", compressors=["topk", "natural"])
+    compose = gracecomm.COMPRESSORS.create("compose", compressors=["topk", "natural"])
     compose.bind(comm, metrics)
     assert all(stage.comm is comm for stage in compose.stages)
 
 
 def test_layout_of_checkpoint_format_2() -> None:
-    """The states the hand-written methods wrote before `grace.state`, literally: a
+    """The states the hand-written methods wrote before `gracecomm.state`, literally: a
     checkpoint of format 2 loads into the declared parts."""
     streams = {"seed": 7, "counters": {"w": 3}}
-    topk_qsgd = grace.COMPRESSORS.create("deepreduce", value="qsgd")
+    topk_qsgd = gracecomm.COMPRESSORS.create("deepreduce", value="qsgd")
     topk_qsgd.load_state_dict({"streams": streams, "sparsifier": {},
                                "value": {"streams": {"seed": 1, "counters": {"w": 2}}}})
     assert topk_qsgd.streams.counters == {"w": 3}
     assert topk_qsgd.value.compressor.streams.counters == {"w": 2}
     assert topk_qsgd.state_dict()["value"] == {"streams": {"seed": 1, "counters": {"w": 2}}}
 
-    dgc = grace.COMPRESSORS.create("dgc")
+    dgc = gracecomm.COMPRESSORS.create("dgc")
     dgc.load_state_dict({"ratio": 0.01, "calls": {"w": 4}, "streams": streams})
     assert dgc.calls == {"w": 4} and isinstance(dgc.streams, SharedStreams)
     assert dgc.state_dict() == {"ratio": 0.01, "calls": {"w": 4}, "streams": streams}
 
-    pipeline = grace.build({"name": "randomk", "ratio": 0.1})
+    pipeline = gracecomm.build({"name": "randomk", "ratio": 0.1})
     residual = {"w": torch.ones(3)}
     pipeline.load_state_dict({"compressor": {"streams": streams},
                               "memory": {"residuals": residual}, "communicator": {}})

@@ -9,13 +9,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gracecomm.compressors.shared import exceedance
-from grace.metrics import Metrics
-from grace.validation import numba_available
 from gracecomm.compressors.dgc import DGC
+from gracecomm.compressors.shared import exceedance
 from gracecomm.compressors.sidco import SIDCo
 from gracecomm.compressors.threshold import Threshold
 from gracecomm.compressors.topk import TopK
+from gracecomm.metrics import Metrics
+from gracecomm.validation import numba_available
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 BACKENDS = ["torch"] + (["numba"] if numba_available() else [])

@@ -59,8 +59,8 @@ def test_summary_keeps_start_up_apart():
     is reported on its own; a parameter server's downlink is summarised next to the uplink."""
     import torch
 
-    from grace.network import networks
     from gracecomm.experiments.train import _summary, accumulate, format_summary, new_totals
+    from gracecomm.network import networks
 
     totals = new_totals()
     first = {"dense_bytes": 1000, "wire_bytes": 20, "downlink_bytes": 1000, "step_s": 5.0,

@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gracecomm.experiments.loggers import (JsonlLogger, logged_group, run_name, run_parts,
-                                           sweep_group)
+from gracecomm.experiments.loggers import (
+    JsonlLogger,
+    logged_group,
+    run_name,
+    run_parts,
+    sweep_group,
+)
 from tests.test_train import train
 
 CHOICES = {"logger": "wandb", "compressor": "deepreduce", "compressor/index": "bloom",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grace import registry
+from gracecomm import registry
 from tests.test_properties import make
 
 NAMES = registry.available("compressor")

@@ -1,10 +1,21 @@
 import pytest
 import torch
 
-from grace.validation import PayloadError
-from grace.wire import (bits_for, contiguous_runs, flat_run, from_bytes, pack_bits, pack_uint,
-                        packed_nbytes, to_bytes, unpack_bits, unpack_uint, varint_bytes,
-                        varint_values)
+from gracecomm.validation import PayloadError
+from gracecomm.wire import (
+    bits_for,
+    contiguous_runs,
+    flat_run,
+    from_bytes,
+    pack_bits,
+    pack_uint,
+    packed_nbytes,
+    to_bytes,
+    unpack_bits,
+    unpack_uint,
+    varint_bytes,
+    varint_values,
+)
 
 
 @pytest.mark.parametrize("bits", list(range(1, 33)))

@@ -10,14 +10,31 @@ codecs from the ``index_codec`` and ``value_codec`` registries:
 """
 
 from gracecomm.compressors.deepreduce.bloom import BloomIndex, bloom_size, expected_fpr
-from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, VALUE_CODECS, CodecCtx, IndexCodec,
-                                          ValueCodec)
+from gracecomm.compressors.deepreduce.codec import (
+                                          INDEX_CODECS,
+                                          VALUE_CODECS,
+                                          CodecCtx,
+                                          IndexCodec,
+                                          ValueCodec,
+)
 from gracecomm.compressors.deepreduce.compressor import DeepReduce, NonZero
 from gracecomm.compressors.deepreduce.fitting import DExpValues, PolyFitValues
-from gracecomm.compressors.deepreduce.index import (BitmapIndex, DeflateIndex, DeltaVarintIndex,
-                                          HuffmanIndex, PackedIndex, Raw32Index, RLEIndex)
-from gracecomm.compressors.deepreduce.values import (CompressorValues, DeflateValues, FP16Values,
-                                                    QSGDValues, RawValues)
+from gracecomm.compressors.deepreduce.index import (
+                                          BitmapIndex,
+                                          DeflateIndex,
+                                          DeltaVarintIndex,
+                                          HuffmanIndex,
+                                          PackedIndex,
+                                          Raw32Index,
+                                          RLEIndex,
+)
+from gracecomm.compressors.deepreduce.values import (
+                                          CompressorValues,
+                                          DeflateValues,
+                                          FP16Values,
+                                          QSGDValues,
+                                          RawValues,
+)
 
 __all__ = [
     "INDEX_CODECS", "VALUE_CODECS", "BitmapIndex", "BloomIndex", "CodecCtx", "DExpValues",

@@ -30,13 +30,26 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from grace.validation import (MissingDependency, PayloadError, check_choice, check_range,
-                             numba_available, require_numba)
-from grace.wire import pack_bits, packed_nbytes, unpack_bits
-from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, CodecCtx, IndexCodec, Selection,
-                                          check_index_set, flat_nonzero, pack_fields,
-                                          unpack_fields)
+from gracecomm.compressors.deepreduce.codec import (
+    INDEX_CODECS,
+    CodecCtx,
+    IndexCodec,
+    Selection,
+    check_index_set,
+    flat_nonzero,
+    pack_fields,
+    unpack_fields,
+)
 from gracecomm.compressors.deepreduce.policies import P2_MODES, POLICIES, mix, select
+from gracecomm.validation import (
+    MissingDependency,
+    PayloadError,
+    check_choice,
+    check_range,
+    numba_available,
+    require_numba,
+)
+from gracecomm.wire import pack_bits, packed_nbytes, unpack_bits
 
 
 def bloom_size(r: int, fpr: float) -> tuple[int, int]:
@@ -79,7 +92,7 @@ class HashFamily:
 
 class BitBackend:
     """A backend on unpacked filter bits (bool, k w of them); the codec exchanges packed
-    bits (`grace.wire.pack_bits`) through `insert_packed` and `query_packed`."""
+    bits (`gracecomm.wire.pack_bits`) through `insert_packed` and `query_packed`."""
 
     def insert(self, indices: torch.Tensor, family: HashFamily) -> torch.Tensor:
         raise NotImplementedError

@@ -1,7 +1,7 @@
 """Numba kernels of the Bloom-filter index codec (`gracecomm.compressors.deepreduce.bloom`):
 insert, query and the filter bits of given elements, one call per tensor each, with the bits
 of the torch code: the hash `mix` of `policies`, the slice salts of `bloom.HashFamily` and
-the LSB-first bit stream of `grace.wire`. Imported only when numba is installed.
+the LSB-first bit stream of `gracecomm.wire`. Imported only when numba is installed.
 
 ``x mod w`` is Lemire's exact "fastmod" (Lemire, Kaser, Kurz, *Faster remainder by direct
 computation*, 2019): with M = floor((2^64 - 1) / w) + 1, x mod w = ((M x mod 2^64) w) >> 64
@@ -12,8 +12,8 @@ it vectorises, so the query hashes a whole block of elements per vector loop.
 import numba
 import numpy as np
 
-from gracecomm.compressors.shared.simd import LANES, compress
 from gracecomm.compressors.deepreduce import policies
+from gracecomm.compressors.shared.simd import LANES, compress
 
 U8, U32, U64 = np.uint8, np.uint32, np.uint64
 BLOCK = 4096  # elements the query takes through the slices together

@@ -4,7 +4,7 @@ independently of the other. Both are registries (kinds ``index_codec`` and ``val
 so a new codec is one class plus one YAML file under ``configs/compressor/index`` or
 ``configs/compressor/value``.
 
-Byte order is little-endian and bit streams are LSB-first (see `grace.wire`); the byte
+Byte order is little-endian and bit streams are LSB-first (see `gracecomm.wire`); the byte
 views used here assume a little-endian host, as every platform torch supports is.
 """
 
@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from gracecomm.compressors.shared.deflate import byte_tensor
-from grace.registry import Registry, add_registry
-from grace.state import Stateful
-from grace.validation import PayloadError
+from gracecomm.registry import Registry, add_registry
+from gracecomm.state import Stateful
+from gracecomm.validation import PayloadError
 
 INDEX_CODECS = add_registry(Registry("index_codec", builtin="gracecomm.compressors.deepreduce"))
 VALUE_CODECS = add_registry(Registry("value_codec", builtin="gracecomm.compressors.deepreduce"))

@@ -23,17 +23,32 @@ from typing import Any
 
 import torch
 
-from grace.compressor import Capabilities, Compressor, Payload, TensorInfo
-from grace.pipeline import make_part
-from grace.registry import COMPRESSORS
-from grace.rng import SharedStreams, stable_hash
-from grace.sparse import SparseSelection, Sparsifier, dense_zeros
-from grace.validation import ConfigError, PayloadError
+from gracecomm.buffers import dense_zeros
+from gracecomm.compressor import Capabilities, Compressor, Payload, TensorInfo
 from gracecomm.compressors.cast import saturating_cast
-from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, VALUE_CODECS, CodecCtx, IndexCodec,
-                                          Selection, ValueCodec, check_index_set)
-from gracecomm.compressors.deepreduce.container import (HEADER_BYTES, Flag, Header, pack_container,
-                                              pack_mapping, parse_container, unpack_mapping)
+from gracecomm.compressors.deepreduce.codec import (
+    INDEX_CODECS,
+    VALUE_CODECS,
+    CodecCtx,
+    IndexCodec,
+    Selection,
+    ValueCodec,
+    check_index_set,
+)
+from gracecomm.compressors.deepreduce.container import (
+    HEADER_BYTES,
+    Flag,
+    Header,
+    pack_container,
+    pack_mapping,
+    parse_container,
+    unpack_mapping,
+)
+from gracecomm.pipeline import make_part
+from gracecomm.registry import COMPRESSORS
+from gracecomm.rng import SharedStreams, stable_hash
+from gracecomm.sparse import SparseSelection, Sparsifier
+from gracecomm.validation import ConfigError, PayloadError
 
 
 class NonZero(Sparsifier):

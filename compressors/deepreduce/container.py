@@ -21,8 +21,8 @@ from enum import IntFlag
 import torch
 
 from gracecomm.compressors.shared.deflate import byte_tensor
-from grace.validation import PayloadError
-from grace.wire import bits_for, pack_uint, packed_nbytes, unpack_uint
+from gracecomm.validation import PayloadError
+from gracecomm.wire import bits_for, pack_uint, packed_nbytes, unpack_uint
 
 VERSION = 1
 HEADER = struct.Struct("<BBBBIIIII")

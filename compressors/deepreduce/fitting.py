@@ -21,10 +21,18 @@ from typing import ClassVar
 
 import torch
 
-from grace.validation import PayloadError, check_range
-from gracecomm.compressors.deepreduce.codec import (VALUE_CODECS, CodecCtx, ValueCodec, f32_bytes,
-                                          f32_values, pack_fields, u32_bytes, u32_values,
-                                          unpack_fields)
+from gracecomm.compressors.deepreduce.codec import (
+    VALUE_CODECS,
+    CodecCtx,
+    ValueCodec,
+    f32_bytes,
+    f32_values,
+    pack_fields,
+    u32_bytes,
+    u32_values,
+    unpack_fields,
+)
+from gracecomm.validation import PayloadError, check_range
 
 
 def canonical_order(values: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:

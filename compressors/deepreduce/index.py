@@ -12,13 +12,29 @@ from typing import ClassVar
 
 import torch
 
+from gracecomm.compressors.deepreduce.codec import (
+    INDEX_CODECS,
+    CodecCtx,
+    IndexCodec,
+    check_index_set,
+    flat_nonzero,
+    pack_fields,
+    u32_bytes,
+    u32_values,
+    unpack_fields,
+)
 from gracecomm.compressors.shared.deflate import deflate, inflate
-from grace.validation import PayloadError, check_choice, check_range
-from grace.wire import (bits_for, pack_bits, pack_uint, packed_nbytes, unpack_bits, unpack_uint,
-                        varint_bytes, varint_values)
-from gracecomm.compressors.deepreduce.codec import (INDEX_CODECS, CodecCtx, IndexCodec, check_index_set,
-                                          flat_nonzero, pack_fields, u32_bytes, u32_values,
-                                          unpack_fields)
+from gracecomm.validation import PayloadError, check_choice, check_range
+from gracecomm.wire import (
+    bits_for,
+    pack_bits,
+    pack_uint,
+    packed_nbytes,
+    unpack_bits,
+    unpack_uint,
+    varint_bytes,
+    varint_values,
+)
 
 
 class LosslessIndexCodec(IndexCodec):
@@ -237,7 +253,7 @@ class HuffmanIndex(LosslessIndexCodec):
 
 @INDEX_CODECS.register("delta_varint")
 class DeltaVarintIndex(LosslessIndexCodec):
-    """The first index, then the gaps, as unsigned LEB128 varints (`grace.wire.varint_bytes`:
+    """The first index, then the gaps, as unsigned LEB128 varints (`gracecomm.wire.varint_bytes`:
     7 payload bits per byte, high bit = more bytes follow)."""
 
     codec_id = 6

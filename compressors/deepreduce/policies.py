@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grace.validation import require_numba
+from gracecomm.validation import require_numba
 
 MASK32 = 0xFFFFFFFF
 POLICIES = ("naive", "p0", "leftmost", "middle", "rightmost", "p1", "p2")

@@ -10,16 +10,21 @@ from typing import Any
 
 import torch
 
-from grace.compressor import Compressor, TensorInfo
-from grace.pipeline import make_part
-from grace.registry import COMPRESSORS
-from grace.validation import ConfigError, PayloadError, check_range
-from grace.wire import from_bytes, to_bytes
-from gracecomm.compressors.shared.deflate import deflate, inflate
+from gracecomm.compressor import Compressor, TensorInfo
 from gracecomm.compressors.cast import FP16
-from gracecomm.compressors.deepreduce.codec import (VALUE_CODECS, CodecCtx, ValueCodec, f32_bytes,
-                                          f32_values)
+from gracecomm.compressors.deepreduce.codec import (
+    VALUE_CODECS,
+    CodecCtx,
+    ValueCodec,
+    f32_bytes,
+    f32_values,
+)
 from gracecomm.compressors.dithering import QSGD
+from gracecomm.compressors.shared.deflate import deflate, inflate
+from gracecomm.pipeline import make_part
+from gracecomm.registry import COMPRESSORS
+from gracecomm.validation import ConfigError, PayloadError, check_range
+from gracecomm.wire import from_bytes, to_bytes
 
 
 @VALUE_CODECS.register("raw")

@@ -24,13 +24,20 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from grace.compressor import Compressor, Payload, TensorInfo
-from grace.sparse import DEFAULT_RATIO, desparsify, index_mask
-from grace.validation import (ConfigError, PayloadError, all_finite, check_choice,
-                              check_range, check_ratio, expect_payload)
-from grace.wire import payload_nbytes
+from gracecomm.compressor import Compressor, Payload, TensorInfo
 from gracecomm.compressors.lgc.autoencoder import Decoder, Encoder, pad, padded_length
 from gracecomm.compressors.lgc.layout import Groups, IndexCoding, Plan
+from gracecomm.sparse import DEFAULT_RATIO, desparsify, index_mask
+from gracecomm.validation import (
+    ConfigError,
+    PayloadError,
+    all_finite,
+    check_choice,
+    check_range,
+    check_ratio,
+    expect_payload,
+)
+from gracecomm.wire import payload_nbytes
 
 SCALE_EPS = 1e-12
 

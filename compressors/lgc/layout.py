@@ -17,11 +17,11 @@ from typing import ClassVar
 
 import torch
 
-from grace.compressor import Payload, TensorInfo
+from gracecomm.compressor import Payload, TensorInfo
 from gracecomm.compressors.shared.deflate import deflate, inflate
 from gracecomm.compressors.shared.exceedance import top_k
-from grace.validation import ConfigError, PayloadError
-from grace.wire import VARINT_MAX_BYTES, varint_bytes, varint_values
+from gracecomm.validation import ConfigError, PayloadError
+from gracecomm.wire import VARINT_MAX_BYTES, varint_bytes, varint_values
 
 Groups = str | Sequence[str] | None  # "auto", None (no such group) or names / module prefixes
 
@@ -215,7 +215,7 @@ class IndexCoding:
     """How an index stream is coded (Sec. V-A: "entropy encoded using the DEFLATE compression
     method"): layers in order; per layer the first index, then successive differences (with
     `delta`), written as little-endian int32 (`format="int32"`) or as LEB128 varints
-    (`"varint"`, `grace.wire.varint_bytes`), then DEFLATE at `zlib_level`
+    (`"varint"`, `gracecomm.wire.varint_bytes`), then DEFLATE at `zlib_level`
     (`gracecomm.compressors.shared.deflate`). Indices are ascending within a layer, so every
     written value is non-negative."""
 

@@ -27,15 +27,15 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from grace.compressor import Payload, TensorInfo
-from grace.registry import COMPRESSORS
-from grace.rng import stable_hash
-from grace.sparse import DEFAULT_RATIO
-from grace.validation import ConfigError, PayloadError, check_choice, check_range
-from grace.wire import payload_nbytes
+from gracecomm.compressor import Payload, TensorInfo
 from gracecomm.compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
 from gracecomm.compressors.lgc.base import LGC, LGCCtx, expect_dense, options
 from gracecomm.compressors.lgc.layout import Plan
+from gracecomm.registry import COMPRESSORS
+from gracecomm.rng import stable_hash
+from gracecomm.sparse import DEFAULT_RATIO
+from gracecomm.validation import ConfigError, PayloadError, check_choice, check_range
+from gracecomm.wire import payload_nbytes
 
 PARTS = {2: ("dense", "values", "index"),
          3: ("dense", "latent", "innovation", "values", "scalars", "index", "index")}

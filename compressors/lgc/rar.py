@@ -26,13 +26,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from grace.compressor import Payload, TensorInfo
-from grace.registry import COMPRESSORS
-from grace.sparse import DEFAULT_RATIO
-from grace.validation import ConfigError, check_choice, check_range
+from gracecomm.compressor import Payload, TensorInfo
 from gracecomm.compressors.lgc.autoencoder import LATENT_CHANNELS, pad, padded_length
 from gracecomm.compressors.lgc.base import LGC, SCALE_EPS, LGCCtx, expect_dense
 from gracecomm.compressors.lgc.layout import Plan
+from gracecomm.registry import COMPRESSORS
+from gracecomm.sparse import DEFAULT_RATIO
+from gracecomm.validation import ConfigError, check_choice, check_range
 
 PARTS = {2: ("dense",), 3: ("dense", "latent", "values")}
 

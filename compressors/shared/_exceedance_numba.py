@@ -28,7 +28,14 @@ from numba import types
 from numba.extending import intrinsic
 
 from gracecomm.compressors.shared.exceedance import CHUNK
-from gracecomm.compressors.shared.simd import LANES, compress_store, data_pointer, load_lanes, popcount, splat
+from gracecomm.compressors.shared.simd import (
+    LANES,
+    compress_store,
+    data_pointer,
+    load_lanes,
+    popcount,
+    splat,
+)
 
 if numba.config.THREADING_LAYER == "default" and "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"

@@ -11,7 +11,7 @@ import zlib
 
 import torch
 
-from grace.validation import PayloadError
+from gracecomm.validation import PayloadError
 
 _LENGTH = struct.Struct("<I")
 

@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from grace.compressor import Payload, TensorInfo
+from gracecomm.compressor import Payload, TensorInfo
 from gracecomm.compressors.shared.exceedance import check_backend, top_k, working
 from gracecomm.compressors.shared.schedule import RatioSchedule
-from grace.sparse import Sparsifier, sparsify
-from grace.validation import check_choice, nonfinite_error
+from gracecomm.sparse import Sparsifier, sparsify
+from gracecomm.validation import check_choice, nonfinite_error
 
 
 @dataclass

@@ -48,8 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from grace.sparse import dense_empty
-from grace.validation import check_choice, numba_available, require_numba
+from gracecomm.buffers import dense_empty
+from gracecomm.validation import check_choice, numba_available, require_numba
 
 BACKENDS = ("auto", "torch", "numba")
 NUMBA_MIN_NUMEL = 1 << 17
@@ -141,7 +141,7 @@ def threads(x: torch.Tensor) -> Iterator[bool]:
     one torch thread (one thread runs the chunks in the calling thread: a parallel launch
     costs hundreds of microseconds on a busy machine). While they do, the block holds the
     process's launch lock: numba's workqueue layer aborts the process when two Python
-    threads launch parallel kernels at once (the exchange thread of `grace.exchange` runs
+    threads launch parallel kernels at once (the exchange thread of `gracecomm.exchange` runs
     later rounds beside the training thread)."""
     if x.numel() <= CHUNK or torch.get_num_threads() == 1:
         yield False
@@ -366,7 +366,7 @@ class Pool:
 
 def _staging(size: int, dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
     """`collect`'s per-chunk buffers (int32 offsets and raw elements, `size` each), from
-    `grace.sparse.dense_empty`, which recycles large ones. Buffers the kernel allocated
+    `gracecomm.buffers.dense_empty`, which recycles large ones. Buffers the kernel allocated
     itself made a selection of a quarter of a tensor cost 27 reads of it (8 with numpy's),
     and fresh buffers page-fault: a selection of a few percent cost about twice what it does
     on reused ones."""

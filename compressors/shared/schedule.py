@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from grace.validation import ConfigError, check_range, check_ratio
+from gracecomm.validation import ConfigError, check_range, check_ratio
 
 
 class RatioSchedule:

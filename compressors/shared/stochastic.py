@@ -1,7 +1,7 @@
 """Rank-local random numbers for stochastic rounding (natural compression, dithering, QSGD,
 TernGrad).
 
-Unlike `grace.rng.SharedStreams`, whose seeds agree on every rank, these draws must be
+Unlike `gracecomm.rng.SharedStreams`, whose seeds agree on every rank, these draws must be
 independent across ranks (averaging independent roundings is what reduces variance), across
 tensors and across steps: the key of one call is H(seed, tensor name, call count, rank).
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from grace.rng import SharedStreams, stable_hash
-from grace.validation import ConfigError, check_choice, numba_available
+from gracecomm.rng import SharedStreams, stable_hash
+from gracecomm.validation import ConfigError, check_choice, numba_available
 
 RNGS = ("counter", "torch")
 MASK32 = 0xFFFFFFFF

@@ -12,7 +12,7 @@ reset through /proc/self/clear_refs), measured after every timing of the run bec
 first makes glibc map and unmap every allocation of 64 KiB or more, so that freed memory
 leaves the resident set instead of being reused unseen. It counts torch, numpy and numba
 allocations alike (tracemalloc sees none of torch's) and includes the call's outputs.
-Buffers the library keeps for reuse (`grace.sparse.release_recycled`) are released before
+Buffers the library keeps for reuse (`gracecomm.buffers.release_recycled`) are released before
 each measured call, so that it is charged for them as a first call would be.
 
 Suites live in this package, one module each, registered with `@suite("name")`. A suite's
@@ -31,7 +31,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from grace.sparse import release_recycled
+from gracecomm.buffers import release_recycled
 
 Record = dict[str, Any]
 SuiteFn = Callable[[DictConfig], list[Record]]

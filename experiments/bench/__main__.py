@@ -11,11 +11,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
-from grace.plugins import import_submodules
-from grace.validation import ConfigError, check_choice
 from gracecomm.experiments import rundir  # noqa: F401 - registers ${run_token:}
 from gracecomm.experiments.bench import SUITE_COLUMNS, SUITE_OPTIONS, SUITES
 from gracecomm.experiments.bench.table import format_table
+from gracecomm.plugins import import_submodules
+from gracecomm.validation import ConfigError, check_choice
 
 
 def check_overrides(name: str, overrides: list[str]) -> None:

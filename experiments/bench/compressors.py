@@ -9,7 +9,7 @@ against one, per extra rank, in reads; summable methods are added by the allredu
 in units of the tensor's bytes, ``topk_mem_x`` that of ``torch.topk(|t|, k)``
 (`gracecomm.experiments.bench.PeakMemory`, measured after all timings; ``peak_memory=false``
 skips it). ``step_x_read`` is one whole step of the method's pipeline in a world of one
-(`grace.build` with its default memory: compensate, compress, memory update, aggregate), in
+(`gracecomm.build` with its default memory: compensate, compress, memory update, aggregate), in
 reads: what error feedback and the receiving side add to the compression a user pays for.
 
     gracecomm-bench                        # the defaults of configs/bench.yaml
@@ -41,15 +41,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-import grace
-from grace.config import instantiate
+import gracecomm
 from gracecomm.compressors.shared.estimation import ThresholdSparsifier
-from grace.metrics import Metrics
-from grace.registry import COMPRESSORS
-from grace.timing import best_of, best_of_each
-from grace.validation import ConfigError, num_kept
-from grace.wire import payload_nbytes
+from gracecomm.config import instantiate
 from gracecomm.experiments.bench import PeakMemory, Record, suite
+from gracecomm.experiments.timing import best_of, best_of_each
+from gracecomm.metrics import Metrics
+from gracecomm.registry import COMPRESSORS
+from gracecomm.validation import ConfigError, num_kept
+from gracecomm.wire import payload_nbytes
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 Sampler = Callable[[int, int], torch.Tensor]  # (numel, step) -> tensor
@@ -211,7 +211,7 @@ def measure(compressor: Any, tensor: torch.Tensor, repeats: int) -> Record:
 def pipeline_step(compressor: Any, tensor: torch.Tensor, repeats: int) -> float:
     """Seconds of one `Grace.step` of `compressor` with its default memory (after one step
     that creates the memory's state)."""
-    pipe = grace.build(compressor)
+    pipe = gracecomm.build(compressor)
     pipe.step(tensor, "bench")
     seconds = best_of(lambda: pipe.step(tensor, "bench"), repeats)
     pipe.metrics.pop()

@@ -38,13 +38,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from grace.metrics import Metrics
-from grace.timing import best_of
 from gracecomm.compressors.deepreduce import BloomIndex, CodecCtx, DeepReduce, bloom_size
 from gracecomm.compressors.topk import TopK
 from gracecomm.experiments.bench import Record, suite
 from gracecomm.experiments.bench.compressors import COLUMNS, GradientStream, synthetic
 from gracecomm.experiments.bench.table import format_table
+from gracecomm.experiments.timing import best_of
+from gracecomm.metrics import Metrics
 
 INDEX = ["raw32", "packed", "bitmap", "rle", {"name": "rle", "mode": "alternate"}, "huffman",
          "delta_varint", "deflate", {"name": "deflate", "source": "bitmap"},

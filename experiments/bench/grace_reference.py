@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grace.registry import COMPRESSORS
-from grace.wire import payload_nbytes
 from gracecomm.experiments.bench import Record, suite
 from gracecomm.experiments.bench.compressors import synthetic
 from gracecomm.experiments.bench.deepreduce import threads
+from gracecomm.registry import COMPRESSORS
+from gracecomm.wire import payload_nbytes
 
 RATIO = "ratio"  # stands for each of the suite's `ratios` in `PAIRS`
 # ours: (registry name, options); GRACE: grace_from_params parameters, the same settings

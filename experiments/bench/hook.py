@@ -42,14 +42,14 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from grace.config import instantiate
-from grace.ddp import register_comm_hook
-from grace.launch import spawn
-from grace.validation import ConfigError
+from gracecomm.config import instantiate
+from gracecomm.ddp import register_comm_hook
 from gracecomm.experiments.bench import Record, suite
+from gracecomm.experiments.launch import spawn
 from gracecomm.experiments.tasks import make_task
 from gracecomm.experiments.torch_hooks import register_torch_hook
 from gracecomm.experiments.train import CONFIG_DIR, build_grace, compose_config, exchange_mode
+from gracecomm.validation import ConfigError
 
 DEFAULTS = {"methods": ["ddp", "none", "fp16", "torch_fp16", "topk", "powersgd",
                         "torch_powersgd"],

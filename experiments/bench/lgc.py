@@ -23,15 +23,15 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-import grace
-from grace.config import instantiate
+import gracecomm
+from gracecomm.config import instantiate
 from gracecomm.experiments.bench import Record, suite
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 DEFAULTS = {"models": ["resnet20"], "ratio": 0.01, "index_coding": {}}
 
 
-def time_steps(g: grace.Grace, named: list[tuple[str, torch.Tensor]],
+def time_steps(g: gracecomm.Grace, named: list[tuple[str, torch.Tensor]],
                repeats: int) -> dict[str, float]:
     """The fastest of `repeats` steps (after one warm-up step) and its statistics."""
     g.step_many(named)
@@ -72,7 +72,7 @@ def run(cfg: DictConfig) -> list[Record]:
         numel = sum(t.numel() for _, t in named)
         topk_s = None
         for label, spec in methods(float(options["ratio"]), options["index_coding"]).items():
-            best = time_steps(grace.build(spec), named, int(cfg.repeats))
+            best = time_steps(gracecomm.build(spec), named, int(cfg.repeats))
             topk_s = topk_s or best["step_s"]
             records.append({"method": label, "model": model_name, "numel": numel,
                             "ratio": float(options["ratio"]), "step_s": best["step_s"],

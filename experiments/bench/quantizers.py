@@ -18,9 +18,9 @@ import math
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grace.timing import best_of
 from gracecomm.experiments.bench import Record, suite
 from gracecomm.experiments.bench.compressors import measure, method_instances, synthetic
+from gracecomm.experiments.timing import best_of
 
 DEFAULT_METHODS = [
     "natural", {"name": "natural", "label": "natural/nat8", "wire": "nat8"},

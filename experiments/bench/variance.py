@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grace.metrics import Metrics
-from grace.registry import COMPRESSORS
 from gracecomm.experiments.bench import Record, suite
+from gracecomm.metrics import Metrics
+from gracecomm.registry import COMPRESSORS
 
 # (label, registry name, options, p); p = None for natural compression (Theorem 1)
 METHODS: list[tuple[str, str, dict[str, Any], Any]] = [

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grace.rng import stable_hash
-from grace.validation import ConfigError
+from gracecomm.rng import stable_hash
+from gracecomm.validation import ConfigError
 
 _SHOWN = 300  # characters of each differing description quoted in the error
 
