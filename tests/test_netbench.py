@@ -92,9 +92,11 @@ def test_without_iproute2_it_says_so_and_makes_no_namespace(tmp_path):
 
 
 def readme_examples() -> list[list[str]]:
-    """The overrides of every `gracecomm-netbench ...` command in the README."""
+    """The overrides of every `gracecomm-netbench ...` command in the README and on the
+    benchmarks page of the docs."""
     import shlex
-    text = (CONFIG.parent.parent / "README.md").read_text()
+    root = CONFIG.parent.parent
+    text = "\n".join((root / page).read_text() for page in ("README.md", "docs/benchmarks.md"))
     return [shlex.split(line.split("#")[0])[1:] for line in text.splitlines()
             if line.startswith("gracecomm-netbench")]
 
