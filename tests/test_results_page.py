@@ -105,8 +105,9 @@ def test_stamp_names_the_commit_and_changes_that_could_alter_a_number(tmp_path):
         return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True,
                               text=True).stdout.strip()
 
-    for path in ("code.py", "results/script.py", "results/old/out.txt", "docs/page.md",
-                 "tests/test_x.py"):
+    paths = ("code.py", "results/script.py", "results/old/out.txt", "docs/page.md",
+             "tests/test_x.py", "results/renderers/r.py")
+    for path in paths:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("x = 1\n")
     git("init", "-q")
@@ -120,8 +121,7 @@ def test_stamp_names_the_commit_and_changes_that_could_alter_a_number(tmp_path):
     assert stamped["uncommitted"] == []
     assert stamped["commands"] == ["gracecomm-bench 'methods=[a, b]'"]
     assert stamped["load"]["after"] is not None
-    for path in ("code.py", "results/script.py", "results/old/out.txt", "docs/page.md",
-                 "tests/test_x.py"):
+    for path in paths:
         (tmp_path / path).write_text("x = 2\n")
     (tmp_path / "grace").mkdir()
     (tmp_path / "grace" / "new.py").write_text("")
