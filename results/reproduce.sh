@@ -21,7 +21,7 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
   sparse_model every_method bench_sidco bench_sidco_resnet20 sidco_bound bench_receive \
   bench_quantizers bench_deepreduce bench_fig10 natural_table1 variance grace_reference \
-  powersgd_vs_torch hook long_run netbench)
+  powersgd_vs_torch hook long_run netbench bench_lgc lgc_phase3 netbench_lgc)
 
 run() {  # run CMD...: one command of the current step, recorded in its stamp
   python results/stamp.py command "$step" -- "$@"
@@ -119,6 +119,22 @@ for step in "${steps[@]}"; do
       store 1000mbit gracecomm-netbench bandwidth_mbps=1000
       store buckets gracecomm-netbench rounds=2 'methods=[ddp,none,fp16,topk,torch_fp16]' \
         'overrides=["model=resnet20","data=prototypes","trainer.bucket_cap_mb=0.25"]' ;;
+    bench_lgc)  # LGC's phase-3 step without the model, int32 and varint index streams
+      for coding in int32 varint; do
+        store "$coding" OMP_NUM_THREADS=1 gracecomm-bench suite=lgc repeats=10 \
+          "+lgc.index_coding={format:$coding}" \
+          'columns=[method,step_s,compress_s,decompress_s,ae_s,deflate_s,payload_bytes,topk_speedup]'
+      done ;;
+    lgc_phase3)  # 800 steps of the lgc experiment: phase 3 (steps 501-800) against Top-k's
+      train_into lgc_phase3 +experiment=lgc '+method=lgc_rar,topk' trainer.max_steps=800
+      train_into lgc_phase3_varint +experiment=lgc +method=lgc_rar \
+        compressor.index_coding.format=varint trainer.max_steps=800
+      run python -m gracecomm.experiments.lgc_report "$OUT/lgc_phase3" "$OUT/lgc_phase3_varint" \
+        | tee results/lgc_phase3/phases.md ;;
+    netbench_lgc)  # needs root: LGC-RAR's phase 3 against Top-k on a shaped link
+      store 100mbit gracecomm-netbench 'methods=[ddp,topk,lgc_rar]' also_sync=false rounds=2
+      store 10mbit gracecomm-netbench 'methods=[ddp,topk,lgc_rar]' also_sync=false rounds=2 \
+        bandwidth_mbps=10 steps=20 ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;
   esac
   python results/stamp.py end "$step"
