@@ -6,11 +6,12 @@
 A page marks what is rendered with ``<!-- render: NAME ARG... -->`` and ``<!-- /render -->``:
 on lines of their own for a block (a table, with a footer naming the stamp of every step it
 read), inside a line for an inline value (no footer). NAME is a renderer, ARGs its arguments
-(words). A renderer is a function ``(ctx, *args) -> str`` listed in the ``RENDERERS`` dict of
-a module in ``results/renderers/``; it reads nothing but the stored outputs of the steps it
-asks `Context.step` for (``results/STEP/``: the step's files and its stamp ``run.json``,
-written by ``results/stamp.py``), so a page renders the same on any machine, and a re-run of
-one step changes only the blocks that read it.
+(words, quoted as in a shell where they hold spaces). A renderer is a function
+``(ctx, *args) -> str`` listed in the ``RENDERERS`` dict of a module in
+``results/renderers/``; it reads nothing but the stored outputs of the steps it asks
+`Context.step` for (``results/STEP/``: the step's files and its stamp ``run.json``, written
+by ``results/stamp.py``), so a page renders the same on any machine, and a re-run of one
+step changes only the blocks that read it.
 
 To add one: write the function in a module of ``results/renderers/`` (a new module for a new
 family of results), add it to that module's ``RENDERERS``, and put the markers in the page.
@@ -25,6 +26,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
-MARKER = re.compile(r"<!-- render: *(?P<spec>[^>]*?) *-->(?P<body>.*?)<!-- /render -->", re.S)
+MARKER = re.compile(r"<!-- render: *(?P<spec>[^\n]*?) *-->(?P<body>.*?)<!-- /render -->", re.S)
 OPEN, CLOSE = "<!-- render:", "<!-- /render -->"
 
 Renderer = Callable[..., str]
@@ -126,6 +128,7 @@ class Context:
     page: Path
     root: Path = ROOT
     used: list[str] = field(default_factory=list)
+    table = staticmethod(markdown_table)
 
     def step(self, name: str) -> Step:
         folder = self.root / "results" / name
@@ -141,27 +144,27 @@ class Context:
         """`path` relative to the page's folder, as a Markdown link target."""
         return Path(os.path.relpath(path, self.page.parent)).as_posix()
 
+    def provenance(self, name: str) -> str:
+        """Where step `name`'s outputs come from: commit, date and load, from its stamp."""
+        stamp = self.step(name).stamp
+        changed = stamp.get("uncommitted") or []
+        dirty = f" with uncommitted changes to {', '.join(changed)}" if changed else ""
+        return f"at `{stamp['commit']}`{dirty}, {stamp['date']}, {load(stamp)}"
+
     def footer(self) -> str:
         """The stamps of the steps read so far, one line."""
-        parts = []
-        for name in self.used:
-            step = self.step(name)
-            parts.append(f"[{name}]({self.link(step.folder / 'run.json')}) at "
-                         f"`{step.stamp['commit']}`{uncommitted(step.stamp)}, "
-                         f"{step.stamp['date']}, {load(step.stamp)}")
+        parts = [f"[{name}]({self.link(self.step(name).folder / 'run.json')}) "
+                 f"{self.provenance(name)}" for name in self.used]
         return "<sub>Rendered from " + "; ".join(parts) + ".</sub>"
 
 
-def uncommitted(stamp: dict[str, Any]) -> str:
-    changed = stamp.get("uncommitted") or []
-    return f" with uncommitted changes to {', '.join(changed)}" if changed else ""
-
-
 def load(stamp: dict[str, Any]) -> str:
-    """The load average the stamp recorded (or the words an older stamp had)."""
+    """The load average the stamp recorded (or the words of an older stamp)."""
     if stamp.get("load_text"):
         return f"load average {stamp['load_text']}"
     before, after = stamp["load"]["before"], stamp["load"]["after"]
+    if before is None:
+        return "load average not recorded"
     return f"load average {before:g} before, {after:g} after" if after is not None else (
         f"load average {before:g} before")
 
@@ -174,7 +177,7 @@ def render_text(text: str, page: Path, registry: dict[str, Renderer],
                          "it, and they do not nest")
 
     def replace(match: re.Match[str]) -> str:
-        name, *args = match["spec"].split()
+        name, *args = shlex.split(match["spec"])
         if name not in registry:
             raise SystemExit(f"render: {page}: no renderer '{name}'; renderers: "
                              f"{', '.join(sorted(registry))}")

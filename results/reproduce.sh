@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-runs the experiments of the results page, one step at a time (each uses at most 2 Gloo
-# ranks), stores each step's outputs in results/STEP/ and renders every page again from
-# the stored outputs. Run from the repository root, with the project installed:
+# ranks), stores each step's outputs in results/STEP/ and then renders every page again
+# from the stored outputs. Run from the repository root, with the project installed:
 #   bash results/reproduce.sh            # every step; 2-core CPU: about three hours
 #   bash results/reproduce.sh sidco lgc  # only these steps
 #   bash results/reproduce.sh --check    # render every page from the stored outputs, run
@@ -21,7 +21,7 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
   sparse_model every_method bench_sidco bench_sidco_resnet20 sidco_bound bench_receive \
   bench_quantizers bench_deepreduce bench_fig10 natural_table1 variance grace_reference \
-  powersgd_vs_torch hook long_run netbench bench_lgc lgc_phase3 netbench_lgc)
+  powersgd_vs_torch hook long_run netbench bench_lgc lgc_phase3 netbench_lgc bench_quality)
 
 run() {  # run CMD...: one command of the current step, recorded in its stamp
   python results/stamp.py command "$step" -- "$@"
@@ -135,8 +135,10 @@ for step in "${steps[@]}"; do
       store 100mbit gracecomm-netbench 'methods=[ddp,topk,lgc_rar]' also_sync=false rounds=2
       store 10mbit gracecomm-netbench 'methods=[ddp,topk,lgc_rar]' also_sync=false rounds=2 \
         bandwidth_mbps=10 steps=20 ;;
+    bench_quality)  # the threshold sparsifiers' estimation quality: the bench's defaults
+      store bench gracecomm-bench ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;
   esac
   python results/stamp.py end "$step"
-  python results/render.py
 done
+python results/render.py  # every page again, from the stored outputs

@@ -77,6 +77,28 @@ def test_check_fails_after_a_hand_edit_of_a_rendered_table(tmp_path, capsys):
     assert page.read_text() == text
 
 
+def test_a_step_changes_only_the_blocks_that_read_it(tmp_path):
+    """Another result of one step (here `variance`) re-renders that step's tables and stamp
+    and leaves every other block of the page as it was."""
+    import shutil
+
+    page = mirror(tmp_path)
+    copy = tmp_path / "results" / "variance"
+    copy.unlink()
+    shutil.copytree(ROOT / "results" / "variance", copy)
+    records = json.loads((copy / "bench.json").read_text())
+    records[0]["second_moment"] = 7.5
+    (copy / "bench.json").write_text(json.dumps(records))
+    stamped = json.loads((copy / "run.json").read_text())
+    (copy / "run.json").write_text(json.dumps({**stamped, "commit": "feedfacecafe"}))
+    before = {m["spec"]: m["body"] for m in render.MARKER.finditer(page.read_text())}
+    render.main([], root=tmp_path)
+    after = {m["spec"]: m["body"] for m in render.MARKER.finditer(page.read_text())}
+    changed = {spec for spec in before if before[spec] != after[spec]}
+    assert changed == {"variance", "stamp variance"}
+    assert "| 7.5 (" in after["variance"] and "feedfacecafe" in after["stamp variance"]
+
+
 def test_a_block_needs_a_known_renderer_and_its_end(tmp_path):
     page = tmp_path / "page.md"
     with pytest.raises(SystemExit, match="no renderer 'nothing'"):
