@@ -8,9 +8,9 @@ of the step shows (results/render.py).
 `results/reproduce.sh` calls these around every step. The stamp holds the commit, the date,
 the 1-minute load average before and after, every command the step ran (as a shell line),
 and the uncommitted changes of the working tree that could alter a number: everything git
-sees as modified or untracked except Markdown pages, tests, the stored outputs under results/
-and the code that renders them (results/render.py, results/renderers/); the scripts under
-results/ that measure (`*.py`, `*.sh`) do count.
+sees as modified or untracked except Markdown pages, tests, CI scripts, the stored outputs
+under results/ and the code that renders them (results/render.py, results/renderers/); the
+scripts under results/ that measure (`*.py`, `*.sh`) do count.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ STAMP = "run.json"
 
 def can_alter_numbers(path: str) -> bool:
     """Whether a changed file at `path` (relative to the repository) could change a stored
-    output: code and configs can; pages, tests, the stored outputs themselves and the code
-    that renders them into pages cannot."""
-    if path.endswith(".md") or path.startswith(("tests/", "results/render")):
+    output: code and configs can; pages, tests, CI scripts, the stored outputs themselves and
+    the code that renders them into pages cannot."""
+    if path.endswith(".md") or path.startswith(("tests/", ".ci/", "results/render")):
         return False
     return not path.startswith("results/") or path.endswith((".py", ".sh"))
 
