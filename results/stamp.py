@@ -6,7 +6,8 @@ of the step shows (results/render.py).
     python results/stamp.py end STEP                # records the load after the step
 
 `results/reproduce.sh` calls these around every step. The stamp holds the commit, the date,
-the 1-minute load average before and after, every command the step ran (as a shell line),
+the 1-minute load average before and after, the minutes the step took, every command the
+step ran (as a shell line),
 and the uncommitted changes of the working tree that could alter a number: everything git
 sees as modified or untracked except Markdown pages, tests, CI scripts, the stored outputs
 under results/ and the code that renders them (results/render.py, results/renderers/); the
@@ -22,6 +23,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -73,7 +75,7 @@ def begin(step: str, root: Path = ROOT) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     stamp = {"step": step, "commit": commit(root), "uncommitted": uncommitted_changes(root),
-             "date": datetime.date.today().isoformat(),
+             "date": datetime.date.today().isoformat(), "started": time.time(),
              "load": {"before": round(os.getloadavg()[0], 2), "after": None},
              "commands": []}
     write(folder, stamp)
@@ -102,6 +104,8 @@ def end(step: str, root: Path = ROOT) -> None:
     folder = step_dir(step, root)
     stamp = read(folder)
     stamp["load"]["after"] = round(os.getloadavg()[0], 2)
+    if "started" in stamp:
+        stamp["minutes"] = round((time.time() - stamp.pop("started")) / 60, 1)
     write(folder, stamp)
 
 

@@ -3,6 +3,7 @@ steps (results/render.py), each step stamped by results/stamp.py."""
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -45,8 +46,9 @@ def test_every_step_runs_by_default_and_has_stamped_outputs():
 
 def test_every_page_renders_as_committed():
     """What CI runs (`bash results/reproduce.sh --check`)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     done = subprocess.run(["bash", str(SCRIPT), "--check"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env={**os.environ, "PATH": path})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 

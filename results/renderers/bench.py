@@ -138,7 +138,7 @@ def hook(ctx: Context) -> str:
         target = HOOK_TARGETS.get(method)
         if target:
             field, limit, what = target
-            value = median(r[field] for r in runs)
+            value = median(r[field] for r in runs if r.get(field) is not None)
             cells.append(f"{what}: {'met' if value <= limit else 'missed'}")
         else:
             cells.append("")
