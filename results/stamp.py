@@ -7,11 +7,11 @@ of the step shows (results/render.py).
 
 `results/reproduce.sh` calls these around every step. The stamp holds the commit, the date,
 the 1-minute load average before and after, the minutes the step took, every command the
-step ran (as a shell line),
-and the uncommitted changes of the working tree that could alter a number: everything git
-sees as modified or untracked except Markdown pages, tests, CI scripts, the stored outputs
-under results/ and the code that renders them (results/render.py, results/renderers/); the
-scripts under results/ that measure (`*.py`, `*.sh`) do count.
+step ran (as a shell line), and the uncommitted changes of the working tree that could alter
+a number: everything git sees as modified or untracked except Markdown pages, tests, CI
+scripts, the stored outputs under results/ and the code that renders them
+(results/render.py, results/renderers/); the scripts under results/ that measure (`*.py`,
+`*.sh`) do count.
 """
 
 from __future__ import annotations
