@@ -71,13 +71,13 @@ def quantizers(ctx: Context, name: str = "bench.json") -> str:
 
 
 QUALITY_DISTS = {"laplace": "Laplace", "gaussian": "Gaussian", "student_t": "Student-t(3)",
-                 "grad:ResNet": "ResNet-20 gradients"}
+                 "grad:ResNet20": "ResNet-20 gradients"}
 QUALITY_METHODS = ("sidco_e", "sidco_gp", "dgc", "redsync", "gaussiank")
 
 
 def sidco_quality(ctx: Context, ratio: str = "0.001") -> str:
     """Estimation quality k_hat/k at one ratio, every source and size of the default run:
-    the first call (SIDCo's single stage) -> the mean of the second half of the calls, and
+    the first call -> the mean of the second half of the calls, and
     SIDCo's final number of stages."""
     by = {(r["dist"], r["numel"], r["method"]): r for r in ctx.step("bench_quality").json()
           if math.isclose(r["ratio"], float(ratio))}
