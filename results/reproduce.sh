@@ -1,48 +1,69 @@
 #!/usr/bin/env bash
-# Re-runs every experiment of results/README.md, one at a time (each uses 2 Gloo ranks), and
-# copies the reports here. Run from the repository root, with the project installed:
-#   bash results/reproduce.sh            # 2-core CPU: about two hours
+# Re-runs the experiments of the results page, one step at a time (each uses at most 2 Gloo
+# ranks), stores each step's outputs in results/STEP/ and then renders every page again
+# from the stored outputs. Run from the repository root, with the project installed:
+#   bash results/reproduce.sh            # every step; 2-core CPU: about three hours
 #   bash results/reproduce.sh sidco lgc  # only these steps
-# Each step stamps the results page (the line `<!-- stamp:STEP -->...`) with the commit and
-# date its numbers come from, and says when the working tree had uncommitted changes.
+#   bash results/reproduce.sh --check    # render every page from the stored outputs, run
+#                                        # nothing; fails if a page differs (CI runs this)
+# results/STEP/run.json is the step's stamp (results/stamp.py): the commit, the date, the load
+# average before and after, every command the step ran, and the uncommitted changes that
+# could alter a number. The tables of the results page and docs/ are rendered from these
+# folders by results/render.py, each with its stamp; a step changes only its own tables.
 # grace_reference needs a checkout of https://github.com/sands-lab/grace in $GRACE_PATH and
-# is skipped, leaving its table and stamp as they were, without one.
+# is skipped, leaving its outputs as they were, without one.
 set -euo pipefail
+if [ "${1:-}" = --check ]; then
+  exec python results/render.py --check
+fi
 OUT=multirun/results
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
-  sparse_model every_method bench_sidco sidco_bound bench_receive bench_fig10 natural_table1 variance grace_reference \
-  powersgd_vs_torch hook long_run netbench)
+  sparse_model every_method bench_sidco bench_sidco_resnet20 sidco_bound bench_receive \
+  bench_quantizers bench_deepreduce bench_fig10 natural_table1 variance grace_reference \
+  powersgd_vs_torch hook long_run netbench bench_lgc lgc_phase3 netbench_lgc bench_quality)
+
+run() {  # run CMD...: one command of the current step, recorded in its stamp
+  python results/stamp.py command "$step" -- "$@"
+  "$@"
+}
 
 train_into() {  # train_into DIR [overrides...]: a multirun into an emptied $OUT/DIR
   local dir=$1; shift
   rm -rf "${OUT:?}/$dir"  # no stale runs from an earlier sweep in the report
-  gracecomm-train -m trainer.progress=false "$@" "hydra.sweep.dir=$OUT/$dir"
-  local run missing=()
-  for run in "$OUT/$dir"/*/; do [ -f "$run/summary.json" ] || missing+=("$run"); done
+  run gracecomm-train -m trainer.progress=false "$@" "hydra.sweep.dir=$OUT/$dir"
+  local r missing=()
+  for r in "$OUT/$dir"/*/; do [ -f "$r/summary.json" ] || missing+=("$r"); done
   if [ ${#missing[@]} -gt 0 ]; then  # a run that failed or hit trainer.timeout_s
     echo "runs without a summary: ${missing[*]}" >&2; exit 1
   fi
 }
 
-sweep() {  # sweep NAME [overrides...]: one experiment sweep into $OUT/NAME, report copied
+sweep() {  # sweep NAME [overrides...]: one experiment sweep into $OUT/NAME, report stored
   local name=$1; shift
   train_into "$name" "+experiment=$name" "$@"
-  mkdir -p "results/$name"
-  cp "$OUT/$name"/report.{md,csv} "$OUT/$name"/*.png "results/$name/"
+  cp "$OUT/$name"/report.{md,csv} "$OUT/$name"/*.png "results/$step/"
 }
 
-stamp() {  # stamp STEP: record on the results page the commit STEP's numbers come from
-  local commit
-  commit=$(git rev-parse --short=12 HEAD)
-  [ -z "$(git status --porcelain --untracked-files=no -- . ':!results')" ] \
-    || commit="$commit with uncommitted changes"
-  sed -i "s|^<!-- stamp:$1 -->.*|<!-- stamp:$1 -->Produced at commit \`$commit\` on $(date +%F) \
-by \`bash results/reproduce.sh $1\`.|" results/README.md
+store() {  # store NAME [VAR=VALUE...] CMD ARGS...: one gracecomm-bench or gracecomm-netbench
+           # run (in that environment): its table stored as NAME.txt, its records as NAME.json
+  local name=$1; shift
+  local dir="outputs/results/$step/$name" env=()
+  while [[ $1 =~ ^[A-Z_]+= ]]; do env+=("$1"); shift; done
+  local cmd=("$@" "hydra.run.dir=$dir")
+  [ ${#env[@]} -eq 0 ] || cmd=(env "${env[@]}" "${cmd[@]}")
+  rm -rf "$dir"
+  run "${cmd[@]}" | tee "results/$step/$name.txt"
+  cp "$dir/${1#gracecomm-}.json" "results/$step/$name.json"
 }
 
 for step in "${steps[@]}"; do
   echo "=== $step"
+  if [ "$step" = grace_reference ] && [ -z "${GRACE_PATH:-}" ]; then
+    echo "grace_reference: skipped, set GRACE_PATH to a checkout of https://github.com/sands-lab/grace" >&2
+    continue
+  fi
+  python results/stamp.py begin "$step"
   case $step in
     grace_benchmark) sweep grace_benchmark experiment.small.epochs=10 ;;
     sidco) sweep sidco ;;
@@ -51,56 +72,73 @@ for step in "${steps[@]}"; do
     deepreduce_fpr)  # the Bloom-policy grid of configs/experiment/deepreduce.yaml
       train_into deepreduce_fpr +experiment=deepreduce \
         +method=dr_bf_naive,dr_bf_p0,dr_bf_p1,dr_bf_p2 experiment.fpr=0.001,0.004,0.01,0.03
-      mkdir -p results/deepreduce_fpr
       cp "$OUT/deepreduce_fpr"/report.{md,csv} "$OUT/deepreduce_fpr"/*.png results/deepreduce_fpr/ ;;
     lgc) sweep lgc
-         python -m gracecomm.experiments.lgc_report "$OUT/lgc" --plot results/lgc/recon.png > results/lgc/phases.md
-         python results/lgc_bound.py | tee results/lgc/bound.md ;;
+         run python -m gracecomm.experiments.lgc_report "$OUT/lgc" --plot results/lgc/recon.png | tee results/lgc/phases.md
+         run python results/lgc_bound.py | tee results/lgc/bound.md ;;
     sparse_model) sweep sparse_model ;;
     every_method) sweep every_method ;;  # 75 runs: every compressor by name, seeds 0-2
-    bench_sidco)
-      gracecomm-bench sizes=[26214400] ratios=[0.01,0.001] \
-        distributions=[laplace,student_t] gradients=[] steps=20 repeats=3 \
-        hydra.run.dir=outputs/results/bench_sidco | tee results/bench_sidco.txt ;;
-    sidco_bound) python results/sidco_bound.py | tee results/sidco_bound.md ;;
+    bench_sidco)  # timing: about 10 minutes
+      store bench gracecomm-bench sizes=[26214400] ratios=[0.01,0.001] \
+        distributions=[laplace,student_t] gradients=[] steps=20 repeats=3 ;;
+    bench_sidco_resnet20)  # SIDCo-E on ResNet-20's gradients; timing, two runs
+      for i in 1 2; do
+        store "run$i" gracecomm-bench 'methods=[{name: sidco, label: sidco_e}]' sizes=[2621440,26214400] \
+          ratios=[0.01,0.001] distributions=[] steps=6 repeats=3 peak_memory=false
+      done ;;
+    sidco_bound) run python results/sidco_bound.py | tee results/sidco_bound/output.md ;;
     bench_receive)
-      gracecomm-bench 'methods=[natural,natural_dithering,standard_dithering,qsgd,terngrad,signsgd,onebit,efsignsgd]' \
+      store bench gracecomm-bench 'methods=[natural,natural_dithering,standard_dithering,qsgd,terngrad,signsgd,onebit,efsignsgd]' \
         sizes=[26214400] ratios=[0.01] gradients=[] distributions=[laplace] peak_memory=false \
-        repeats=9 'columns=[method,numel,compress_s,decompress_s,x_read_total,receive_x_read]' \
-        hydra.run.dir=outputs/results/bench_receive | tee results/bench_receive.txt ;;
-    bench_fig10)
-      gracecomm-bench suite=deepreduce_fig10 hydra.run.dir=outputs/results/bench_fig10 \
-        | tee results/bench_fig10.txt ;;
-    natural_table1) python -m gracecomm.experiments.natural_table1 | tee results/natural_table1.txt ;;
+        repeats=9 'columns=[method,numel,compress_s,decompress_s,x_read_total,receive_x_read]' ;;
+    bench_quantizers)  # the quantizers' speed, with their numba kernels and without
+      store bench gracecomm-bench suite=quantizers 'columns=[method,total_s,x_read_total,bits_per_element]'
+      store torch_paths GRACECOMM_KERNELS=0 gracecomm-bench suite=quantizers \
+        '+quantizers.methods=[natural,{name:natural,label:natural/torch,rng:torch},signsgd,qsgd,terngrad,onebit,efsignsgd,signum]' \
+        +quantizers.repeats=3 'columns=[method,total_s,x_read_total,bits_per_element]' ;;
+    bench_deepreduce) store bench gracecomm-bench suite=deepreduce ;;  # Bloom filters against pybloom-live
+    bench_fig10) store bench gracecomm-bench suite=deepreduce_fig10 ;;
+    natural_table1)
+      run python -m gracecomm.experiments.natural_table1 | tee results/natural_table1/output.txt ;;
     variance)
-      gracecomm-bench suite=variance hydra.run.dir=outputs/results/variance \
-        'columns=[method,data,numel,draws,second_moment,second_moment_std,variance,omega_bound,within_bound]' \
-        | tee results/variance.txt ;;
+      store bench gracecomm-bench suite=variance \
+        'columns=[method,data,numel,draws,second_moment,second_moment_std,variance,omega_bound,within_bound]' ;;
     grace_reference)
-      if [ -z "${GRACE_PATH:-}" ]; then
-        echo "grace_reference: skipped, set GRACE_PATH to a checkout of https://github.com/sands-lab/grace" >&2
-        continue
-      fi
-      gracecomm-bench suite=grace_reference "+grace_reference.path=$GRACE_PATH" \
-        hydra.run.dir=outputs/results/grace_reference \
-        'columns=[method,total_s,x_read_total,bits_per_element,grace_total_s,grace_x_read_total,grace_bits_per_element,x_faster_than_grace,skipped]' \
-        | tee results/grace_reference.txt ;;
-    powersgd_vs_torch) python -m gracecomm.experiments.powersgd_vs_torch | tee results/powersgd_vs_torch.txt ;;
-    hook) gracecomm-bench suite=hook +hook.rounds=7 hydra.run.dir=outputs/results/hook \
-        | tee results/hook.txt ;;
+      store bench gracecomm-bench suite=grace_reference "+grace_reference.path=$GRACE_PATH" \
+        'columns=[method,total_s,x_read_total,bits_per_element,grace_total_s,grace_x_read_total,grace_bits_per_element,x_faster_than_grace,skipped]' ;;
+    powersgd_vs_torch)
+      run python -m gracecomm.experiments.powersgd_vs_torch | tee results/powersgd_vs_torch/output.txt ;;
+    hook)  # three runs: one run decides none of the targets on a shared machine
+      for i in 1 2 3; do store "run$i" gracecomm-bench suite=hook +hook.rounds=7; done ;;
     long_run)  # ~2,900 steps of the default experiment: state size and peak RSS over time
       train_into long_run compressor=none,topk,dgc,sidco,powersgd,deepreduce trainer.epochs=130
-      mkdir -p results/long_run && cp "$OUT/long_run"/report.{md,csv} results/long_run/
-      python results/long_run.py "$OUT/long_run" | tee results/long_run/memory.md ;;
+      cp "$OUT/long_run"/report.{md,csv} results/long_run/
+      run python results/long_run.py "$OUT/long_run" | tee results/long_run/memory.md ;;
     netbench)  # needs root and iproute2: a shaped loopback in a private network namespace
-      mkdir -p results/netbench
-      gracecomm-netbench hydra.run.dir=outputs/results/netbench_100 | tee results/netbench/100mbit.txt
-      gracecomm-netbench bandwidth_mbps=1000 hydra.run.dir=outputs/results/netbench_1000 \
-        | tee results/netbench/1000mbit.txt
-      gracecomm-netbench rounds=2 'methods=[ddp,none,fp16,topk,torch_fp16]' \
-        'overrides=["model=resnet20","data=prototypes","trainer.bucket_cap_mb=0.25"]' \
-        hydra.run.dir=outputs/results/netbench_buckets | tee results/netbench/buckets.txt ;;
+      store 100mbit gracecomm-netbench
+      store 1000mbit gracecomm-netbench bandwidth_mbps=1000
+      store buckets gracecomm-netbench rounds=2 'methods=[ddp,none,fp16,topk,torch_fp16]' \
+        'overrides=["model=resnet20","data=prototypes","trainer.bucket_cap_mb=0.25"]' ;;
+    bench_lgc)  # LGC's phase-3 step without the model, int32 and varint index streams
+      for coding in int32 varint; do
+        store "$coding" OMP_NUM_THREADS=1 gracecomm-bench suite=lgc repeats=10 \
+          "+lgc.index_coding={format:$coding}" \
+          'columns=[method,step_s,compress_s,decompress_s,ae_s,deflate_s,payload_bytes,topk_speedup]'
+      done ;;
+    lgc_phase3)  # 800 steps of the lgc experiment: phase 3 (steps 501-800) against Top-k's
+      train_into lgc_phase3 +experiment=lgc '+method=lgc_rar,topk' trainer.max_steps=800
+      train_into lgc_phase3_varint +experiment=lgc +method=lgc_rar \
+        compressor.index_coding.format=varint trainer.max_steps=800
+      run python -m gracecomm.experiments.lgc_report "$OUT/lgc_phase3" "$OUT/lgc_phase3_varint" \
+        | tee results/lgc_phase3/phases.md ;;
+    netbench_lgc)  # needs root: LGC-RAR's phase 3 against Top-k on a shaped link
+      store 100mbit gracecomm-netbench 'methods=[ddp,topk,lgc_rar]' also_sync=false rounds=2
+      store 10mbit gracecomm-netbench 'methods=[ddp,topk,lgc_rar]' also_sync=false rounds=2 \
+        bandwidth_mbps=10 steps=20 ;;
+    bench_quality)  # the threshold sparsifiers' estimation quality: the bench's defaults
+      store bench gracecomm-bench ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;
   esac
-  stamp "$step"
+  python results/stamp.py end "$step"
 done
+python results/render.py  # every page again, from the stored outputs

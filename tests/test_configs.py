@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from gracecomm import build, registry
 from gracecomm.compressor import Capabilities
 from gracecomm.config import instantiate
-from gracecomm.experiments.train import build_grace
+from gracecomm.experiments.train import build_grace, validate
 from gracecomm.validation import MissingDependency
 from tests.helpers import CONFIG_DIR, compose_train
 
@@ -95,6 +95,20 @@ def test_options_of_a_brought_part_take_a_plus():
         compose_train("compressor=topk", "+memory.betaa=0.5")
 
 
+@pytest.mark.parametrize("group", ("memory", "communicator"))
+def test_auto_is_the_part_the_compressor_brings(group):
+    """`auto`, the default of both groups, is a flag, and a run with it gets the part the
+    compressor declares (which may depend on its options), as `gracecomm.build` does."""
+    assert OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / group / "auto.yaml")) == {
+        "auto": True}
+    for overrides in (["compressor=topk"], ["compressor=natural"], ["compressor=powersgd"],
+                      ["compressor=natural", "compressor.wire=int_fixed"]):
+        caps = build_grace(compose_train(*overrides)).compressor.capabilities()
+        pipeline = build_grace(compose_train(*overrides, f"{group}=auto"))
+        assert type(getattr(pipeline, group)) is registry.get(
+            group, getattr(caps, f"default_{group}")), overrides
+
+
 def test_user_choice_wins_over_compressor_default():
     cfg = compose_train("compressor=topk", "communicator=broadcast", "memory=none")
     assert cfg.communicator._target_.endswith("Broadcast")
@@ -106,7 +120,9 @@ def test_user_choice_wins_over_compressor_default():
 def test_every_group_yaml_composes_and_instantiates(group, name):
     cfg = compose_train(f"{group}={name}")
     node = cfg[group]
-    if "_target_" not in node:
+    if "_target_" not in node:  # plain settings: the trainer's, checked as a run checks them
+        assert group == "trainer", f"configs/{group}/{name}.yaml has no _target_"
+        validate(cfg)
         return
     try:
         obj = instantiate(node)
@@ -144,8 +160,8 @@ def test_unlisted_target_is_refused():
 
 def part_files():
     """Every part config with a class: the three groups and DeepReduce's nested ones."""
-    for group in KINDS:
-        yield from ((CONFIG_DIR / group).glob("*.yaml"))
+    for group in KINDS:  # (the memory's and communicator's `auto` is not a part)
+        yield from (p for p in (CONFIG_DIR / group).glob("*.yaml") if p.stem != "auto")
     yield from (p for p in (CONFIG_DIR / "compressor").glob("*/*.yaml")
                 if "_target_" in OmegaConf.load(p))
 
@@ -157,9 +173,6 @@ def test_yaml_options_are_the_python_defaults(path):
     (``${seed}``, ``${trainer.lr}``) and options without a default are exempt; an option whose
     Python default is None stands for the class's (or module's) ``<OPTION>_DEFAULTS``."""
     node = OmegaConf.load(path)
-    if "_target_" not in node:  # the memory's and communicator's `auto`
-        assert path.stem == "auto"
-        return
     cls = get_class(node._target_)
     params = registry.options_of(cls)
     raw = OmegaConf.to_container(node, resolve=False)

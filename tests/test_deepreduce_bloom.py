@@ -120,7 +120,7 @@ def test_small_filters_keep_their_false_positive_rate(r, rel):
         bits = backend.insert(s, family)
         false += backend.query(bits, family, d, None).numel() - r
     expected = (1 - (1 - 1 / w) ** r) ** k
-    assert false / (sets * (d - r)) == pytest.approx(expected, rel=0.3)
+    assert false / (sets * (d - r)) == pytest.approx(expected, rel=rel)
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("pybloom", marks=needs_pybloom)])

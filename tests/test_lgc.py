@@ -334,9 +334,10 @@ def test_lgc_report_compares_phase_3_on_both_bases(tmp_path):
     """n = 1000 (4000 dense bytes); phase 2 sends mu + kappa = 20 values (Top-k's values-only
     ratio 50x); in phase 3 the leader sends 6 values and the others 2: 167x and 500x, 3.33x
     and 10x Top-k's, next to the paper's 5.71x, 8.10x and 8.62x, 17.00x; bytes against Top-k
-    on LGC's partition at the same steps (DEFLATE 200 B, int32 240 B) and the topk run."""
+    on LGC's partition at the same steps (DEFLATE 200 B, int32 240 B) and the topk run; and
+    the values-only ratios counting the 4 values of the dense first layer."""
     base = {"type": "step", "dense_bytes": 4000, "lgc_topk_deflate_nbytes": 200,
-            "lgc_topk_int32_nbytes": 240}
+            "lgc_topk_int32_nbytes": 240, "lgc_dense_bytes": 16}
     steps = [{**base, "step": 1, "lgc_phase": 2, "wire_bytes": 200, "lgc_values_bytes": 80},
              {**base, "step": 2, "lgc_phase": 3, "wire_bytes": 50, "lgc_innovation_bytes": 4,
               "lgc_values_bytes": 4, "lgc_leader_bytes": 80, "lgc_others_bytes": 50,
@@ -359,3 +360,5 @@ def test_lgc_report_compares_phase_3_on_both_bases(tmp_path):
             in text)
     assert ("| lgc_ps | others | 500x | 10.00x | 8.62x, 17.00x | 50 | 4.00x | 4.80x | 8.00x |"
             in text)
+    # counting F's 4 dense values: 1000 / (2 + 4) = 167x, Top-k 1000 / (20 + 4) = 41.7x
+    assert "| 8.00x | 167x (4.00x) |" in text and "| 5.00x | 100x (2.40x) |" in text

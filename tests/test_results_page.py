@@ -1,13 +1,30 @@
-"""The results page and the script that regenerates it: every step of results/reproduce.sh
-stamps the page with the commit its numbers come from."""
+"""The results page and docs/ are rendered from the stored outputs of results/reproduce.sh's
+steps (results/render.py), each step stamped by results/stamp.py."""
 
+import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "results" / "reproduce.sh"
+
+
+def load(name):
+    path = ROOT / "results" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"results_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+render, stamp = load("render"), load("stamp")
 
 
 def default_steps():
@@ -16,45 +33,126 @@ def default_steps():
     return block.replace("\\", " ").split()
 
 
-def test_every_step_runs_by_default_and_has_a_stamp_on_the_page():
-    text = SCRIPT.read_text()
-    cases = re.findall(r"^    (\w+)\)", text, flags=re.M)
+def test_every_step_runs_by_default_and_has_stamped_outputs():
+    cases = re.findall(r"^    (\w+)\)", SCRIPT.read_text(), flags=re.M)
     assert sorted(cases) == sorted(default_steps())
-    page = (ROOT / "results" / "README.md").read_text()
     for step in default_steps():
-        assert page.count(f"<!-- stamp:{step} -->") == 1, step
+        stamped = json.loads((ROOT / "results" / step / "run.json").read_text())
+        assert stamped["step"] == step
+        assert re.fullmatch(r"[0-9a-f]{12}", stamped["commit"]), step
+        assert stamped["commands"] and all(c.strip() for c in stamped["commands"]), step
+        assert stamped["load"]["before"] is not None or stamped.get("load_text"), step
 
 
-def test_stamp_names_the_commit_and_uncommitted_changes(tmp_path):
+def test_every_page_renders_as_committed():
+    """What CI runs (`bash results/reproduce.sh --check`)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = subprocess.run(["bash", str(SCRIPT), "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PATH": path})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def mirror(tmp_path):
+    """A root with a copy of the results page and links to every stored output."""
+    (tmp_path / "results").mkdir()
+    for entry in (ROOT / "results").iterdir():
+        if entry.is_dir():
+            (tmp_path / "results" / entry.name).symlink_to(entry)
+    page = tmp_path / "results" / "README.md"
+    page.write_text((ROOT / "results" / "README.md").read_text())
+    return page
+
+
+def test_check_fails_after_a_hand_edit_of_a_rendered_table(tmp_path, capsys):
+    page = mirror(tmp_path)
+    render.main(["--check"], root=tmp_path)  # the copy renders as it is
+    text = page.read_text()
+    block = text.index("<!-- render: grace_benchmark -->")
+    cell = re.compile(r"\| (\d+\.\d\d) \|")
+    match = cell.search(text, block)
+    edited = text[:match.start(1)] + "12.34" + text[match.end(1):]
+    page.write_text(edited)
+    with pytest.raises(SystemExit, match="differ from what the stored outputs render"):
+        render.main(["--check"], root=tmp_path)
+    assert "12.34" in capsys.readouterr().out
+    render.main([], root=tmp_path)  # rendering again restores the table
+    assert page.read_text() == text
+
+
+def test_a_step_changes_only_the_blocks_that_read_it(tmp_path):
+    """Another result of one step (here `variance`) re-renders that step's tables and stamp
+    and leaves every other block of the page as it was."""
+    import shutil
+
+    page = mirror(tmp_path)
+    copy = tmp_path / "results" / "variance"
+    copy.unlink()
+    shutil.copytree(ROOT / "results" / "variance", copy)
+    records = json.loads((copy / "bench.json").read_text())
+    records[0]["second_moment"] = 7.5
+    (copy / "bench.json").write_text(json.dumps(records))
+    stamped = json.loads((copy / "run.json").read_text())
+    (copy / "run.json").write_text(json.dumps({**stamped, "commit": "feedfacecafe"}))
+    before = {m["spec"]: m["body"] for m in render.MARKER.finditer(page.read_text())}
+    render.main([], root=tmp_path)
+    after = {m["spec"]: m["body"] for m in render.MARKER.finditer(page.read_text())}
+    changed = {spec for spec in before if before[spec] != after[spec]}
+    assert changed == {"variance", "stamp variance"}
+    assert "| 7.5 (" in after["variance"] and "feedfacecafe" in after["stamp variance"]
+
+
+def test_a_block_needs_a_known_renderer_and_its_end(tmp_path):
+    page = tmp_path / "page.md"
+    with pytest.raises(SystemExit, match="no renderer 'nothing'"):
+        render.render_text("<!-- render: nothing -->\n<!-- /render -->\n", page, {})
+    with pytest.raises(SystemExit, match="needs one"):
+        render.render_text("<!-- render: x -->\n", page, {"x": lambda ctx: "y"})
+
+
+def test_blocks_get_the_stamps_they_read_and_inline_values_do_not(tmp_path):
+    (tmp_path / "results" / "s").mkdir(parents=True)
+    (tmp_path / "results" / "s" / "run.json").write_text(json.dumps(
+        {"step": "s", "commit": "0123456789ab", "uncommitted": ["grace/x.py"],
+         "date": "2026-01-02", "load": {"before": 1.5, "after": 2.0}, "commands": ["c"]}))
+    (tmp_path / "results" / "s" / "bench.json").write_text('[{"v": 3}]')
+    registry = {"v": lambda ctx: str(ctx.step("s").json()[0]["v"])}
+    page = tmp_path / "docs" / "p.md"
+    out = render.render_text("a <!-- render: v --><!-- /render --> b\n"
+                             "<!-- render: v -->\n<!-- /render -->\n", page, registry, tmp_path)
+    assert out.startswith("a <!-- render: v -->3<!-- /render --> b\n")
+    assert ("<sub>Rendered from [s](../results/s/run.json) at `0123456789ab` with uncommitted "
+            "changes to grace/x.py, 2026-01-02, load average 1.5 before, 2 after.</sub>") in out
+
+
+def test_stamp_names_the_commit_and_changes_that_could_alter_a_number(tmp_path):
     def git(*args):
         return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True,
                               text=True).stdout.strip()
 
-    (tmp_path / "results").mkdir()
-    page = tmp_path / "results" / "README.md"
-    page.write_text("# Results\n<!-- stamp:lgc -->Produced at commit `old`.\ntext\n")
-    (tmp_path / "code.py").write_text("x = 1\n")
+    paths = ("code.py", "results/script.py", "results/old/out.txt", "docs/page.md",
+             "tests/test_x.py", "results/renderers/r.py")
+    for path in paths:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x = 1\n")
     git("init", "-q")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
-    stamp = "source <(sed -n '/^stamp()/,/^}/p' " + str(SCRIPT) + "); stamp lgc"
-    page.write_text(page.read_text() + "a table the step wrote\n")  # results/ does not count
-    subprocess.run(["bash", "-c", stamp], cwd=tmp_path, check=True)
-    head = git("rev-parse", "--short=12", "HEAD")
-    line = page.read_text().splitlines()[1]
-    assert line.startswith(f"<!-- stamp:lgc -->Produced at commit `{head}` on ")
-    assert line.endswith("by `bash results/reproduce.sh lgc`.")
-    (tmp_path / "code.py").write_text("x = 2\n")
-    subprocess.run(["bash", "-c", stamp], cwd=tmp_path, check=True)
-    assert f"`{head} with uncommitted changes`" in page.read_text()
-    assert page.read_text().endswith("text\na table the step wrote\n")
-
-
-def test_no_placeholder_is_left_on_the_page():
-    """Tables laid out by hand replace markers such as ``@@FPR@@``; one left behind is a
-    section published without its numbers."""
-    page = (ROOT / "results" / "README.md").read_text()
-    assert re.findall(r"@@\w+@@", page) == []
+    stamp.begin("lgc", tmp_path)
+    stamp.command("lgc", ["gracecomm-bench", "methods=[a, b]"], tmp_path)
+    stamp.end("lgc", tmp_path)
+    stamped = json.loads((tmp_path / "results" / "lgc" / "run.json").read_text())
+    assert stamped["commit"] == git("rev-parse", "--short=12", "HEAD")
+    assert stamped["uncommitted"] == []
+    assert stamped["commands"] == ["gracecomm-bench 'methods=[a, b]'"]
+    assert stamped["load"]["after"] is not None
+    for path in paths:
+        (tmp_path / path).write_text("x = 2\n")
+    (tmp_path / "grace").mkdir()
+    (tmp_path / "grace" / "new.py").write_text("")
+    stamp.begin("lgc", tmp_path)
+    stamped = json.loads((tmp_path / "results" / "lgc" / "run.json").read_text())
+    assert stamped["uncommitted"] == ["code.py", "grace/new.py", "results/script.py"]
+    assert stamped["commands"] == []  # begin starts afresh
 
 
 def test_the_sidco_bound_script_runs():

@@ -88,4 +88,6 @@ class PeakMemory:
         _CLEAR.write_text("5")  # reset the high-water mark to the current resident set
         start = self._status("VmRSS")
         fn()
-        return float(self._status("VmHWM") - start)
+        # the kernel updates the high-water mark lazily, so a call that frees memory it did
+        # not allocate can read below its start: it needed no extra memory
+        return float(max(0, self._status("VmHWM") - start))

@@ -1,0 +1,227 @@
+"""Render the tables and quoted numbers of the results page and docs/ from the stored outputs.
+
+    python results/render.py            # rewrite every rendered block of every page
+    python results/render.py --check    # exit 1 with a diff where a page differs from its render
+
+A page marks what is rendered with ``<!-- render: NAME ARG... -->`` and ``<!-- /render -->``:
+on lines of their own for a block (a table, with a footer naming the stamp of every step it
+read), inside a line for an inline value (no footer). NAME is a renderer, ARGs its arguments
+(words, quoted as in a shell where they hold spaces). A renderer is a function
+``(ctx, *args) -> str`` listed in the ``RENDERERS`` dict of a module in
+``results/renderers/``; it reads nothing but the stored outputs of the steps it asks
+`Context.step` for (``results/STEP/``: the step's files and its stamp ``run.json``, written
+by ``results/stamp.py``), so a page renders the same on any machine, and a re-run of one
+step changes only the blocks that read it.
+
+To add one: write the function in a module of ``results/renderers/`` (a new module for a new
+family of results), add it to that module's ``RENDERERS``, and put the markers in the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import difflib
+import importlib.util
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+MARKER = re.compile(r"<!-- render: *(?P<spec>[^\n]*?) *-->(?P<body>.*?)<!-- /render -->", re.S)
+OPEN, CLOSE = "<!-- render:", "<!-- /render -->"
+
+Renderer = Callable[..., str]
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    """The pages whose blocks are rendered: the README, the results page and docs/."""
+    return [root / "README.md", root / "results" / "README.md",
+            *sorted((root / "docs").rglob("*.md"))]
+
+
+def load_renderers(folder: Path = RESULTS / "renderers") -> dict[str, Renderer]:
+    """Every ``RENDERERS`` entry of the modules in `folder`; a name defined twice is an
+    error."""
+    registry: dict[str, Renderer] = {}
+    for path in sorted(folder.glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"results_renderers_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        for name, fn in getattr(module, "RENDERERS", {}).items():
+            if name in registry:
+                raise SystemExit(f"render: renderer '{name}' is defined twice (second in {path})")
+            registry[name] = fn
+    return registry
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table of `rows` (cells as given, turned to str)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def parse_markdown_tables(text: str) -> list[list[dict[str, str]]]:
+    """Every Markdown table in `text`, as rows keyed by the header's cells."""
+    tables, lines = [], text.splitlines()
+    i = 0
+    while i < len(lines):
+        if (lines[i].startswith("|") and i + 1 < len(lines)
+                and re.fullmatch(r"\|(-+\|)+", lines[i + 1].replace(" ", ""))):
+            header = [c.strip() for c in lines[i].strip("|").split("|")]
+            i += 2
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+                rows.append(dict(zip(header, cells)))
+                i += 1
+            tables.append(rows)
+        else:
+            i += 1
+    return tables
+
+
+@dataclass
+class Step:
+    """The stored outputs of one step of results/reproduce.sh: ``results/NAME/``."""
+
+    name: str
+    folder: Path
+    stamp: dict[str, Any]
+
+    def path(self, name: str) -> Path:
+        path = self.folder / name
+        if not path.exists():
+            raise FileNotFoundError(f"step '{self.name}' has no stored output {name} in "
+                                    f"{self.folder} (bash results/reproduce.sh {self.name})")
+        return path
+
+    def text(self, name: str) -> str:
+        return self.path(name).read_text(encoding="utf-8")
+
+    def json(self, name: str = "bench.json") -> Any:
+        return json.loads(self.text(name))
+
+    def csv(self, name: str = "report.csv") -> list[dict[str, str]]:
+        with self.path(name).open(newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+
+    def tables(self, name: str) -> list[list[dict[str, str]]]:
+        """The Markdown tables of a stored ``.md`` output."""
+        return parse_markdown_tables(self.text(name))
+
+
+@dataclass
+class Context:
+    """What a renderer may read: the stored outputs of steps, and the page it renders into
+    (for relative links)."""
+
+    page: Path
+    root: Path = ROOT
+    used: list[str] = field(default_factory=list)
+    table = staticmethod(markdown_table)
+
+    def step(self, name: str) -> Step:
+        folder = self.root / "results" / name
+        stamp_path = folder / "run.json"
+        if not stamp_path.exists():
+            raise FileNotFoundError(f"step '{name}' has no stamp {stamp_path} "
+                                    f"(bash results/reproduce.sh {name})")
+        if name not in self.used:
+            self.used.append(name)
+        return Step(name, folder, json.loads(stamp_path.read_text(encoding="utf-8")))
+
+    def link(self, path: Path) -> str:
+        """`path` relative to the page's folder, as a Markdown link target."""
+        return Path(os.path.relpath(path, self.page.parent)).as_posix()
+
+    def provenance(self, name: str) -> str:
+        """Where step `name`'s outputs come from: commit, date and load, from its stamp."""
+        stamp = self.step(name).stamp
+        changed = stamp.get("uncommitted") or []
+        dirty = f" with uncommitted changes to {', '.join(changed)}" if changed else ""
+        return f"at `{stamp['commit']}`{dirty}, {stamp['date']}, {load(stamp)}"
+
+    def footer(self) -> str:
+        """The stamps of the steps read so far, one line."""
+        parts = [f"[{name}]({self.link(self.step(name).folder / 'run.json')}) "
+                 f"{self.provenance(name)}" for name in self.used]
+        return "<sub>Rendered from " + "; ".join(parts) + ".</sub>"
+
+
+def load(stamp: dict[str, Any]) -> str:
+    """The load average the stamp recorded (or the words of an older stamp)."""
+    if stamp.get("load_text"):
+        return f"load average {stamp['load_text']}"
+    before, after = stamp["load"]["before"], stamp["load"]["after"]
+    if before is None:
+        return "load average not recorded"
+    return f"load average {before:g} before, {after:g} after" if after is not None else (
+        f"load average {before:g} before")
+
+
+def render_text(text: str, page: Path, registry: dict[str, Renderer],
+                root: Path = ROOT) -> str:
+    """`text` with every marked block rendered again."""
+    if text.count(OPEN) != text.count(CLOSE) or text.count(OPEN) != len(MARKER.findall(text)):
+        raise SystemExit(f"render: {page}: every '{OPEN} NAME -->' needs one '{CLOSE}' after "
+                         "it, and they do not nest")
+
+    def replace(match: re.Match[str]) -> str:
+        name, *args = shlex.split(match["spec"])
+        if name not in registry:
+            raise SystemExit(f"render: {page}: no renderer '{name}'; renderers: "
+                             f"{', '.join(sorted(registry))}")
+        ctx = Context(page, root)
+        try:
+            body = registry[name](ctx, *args).strip("\n")
+        except Exception as err:
+            raise SystemExit(f"render: {page}: '{match['spec']}' failed: {err}") from err
+        if match["body"].startswith("\n"):  # a block: a footer with the stamps it read
+            body = f"\n{body}\n\n{ctx.footer()}\n" if ctx.used else f"\n{body}\n"
+        return f"{OPEN} {match['spec']} -->{body}{CLOSE}"
+
+    return MARKER.sub(replace, text)
+
+
+def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; fail if a page differs from its render")
+    parser.add_argument("pages", nargs="*", type=Path, help="pages (default: every page)")
+    args = parser.parse_args(argv)
+    registry = load_renderers(root / "results" / "renderers")
+    stale = []
+    for page in [p.resolve() for p in args.pages] or pages(root):
+        if not page.exists():
+            continue
+        text = page.read_text(encoding="utf-8")
+        new = render_text(text, page, registry, root)
+        if new == text:
+            continue
+        rel = page.relative_to(root) if page.is_relative_to(root) else page
+        if args.check:
+            stale.append(str(rel))
+            sys.stdout.writelines(difflib.unified_diff(
+                text.splitlines(True), new.splitlines(True), f"{rel} (page)",
+                f"{rel} (rendered from the stored outputs)"))
+        else:
+            page.write_text(new, encoding="utf-8")
+            print(f"rendered {rel}")
+    if stale:
+        raise SystemExit(f"render: {', '.join(stale)} differ from what the stored outputs "
+                         "render (a table edited by hand, or a stored output changed without "
+                         "re-rendering): run 'python results/render.py' to rewrite them")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Inline numbers quoted in prose, read from any step's records.
+
+    <!-- render: value STEP FILE FIELD FORMAT [KEY=VALUE ...] --><!-- /render -->
+    <!-- render: range STEP FILE FIELD FORMAT [KEY=VALUE ...] --><!-- /render -->
+    <!-- render: target STEP FILE FIELD OP LIMIT [KEY=VALUE ...] --><!-- /render -->
+    <!-- render: pick STEP FILE REGEX --><!-- /render -->
+    <!-- render: stamp STEP --><!-- /render -->
+
+FILE is a stored output of the step: a JSON list of records (or an object whose ``runs`` are
+the records), a CSV file, or ``NAME.md#N``, the N-th Markdown table of a printed page; several
+files (``run1.json,run2.json``) give all their records. The
+KEY=VALUE pairs select records (numbers compare as numbers; ``KEY^=TEXT``: values that start
+with TEXT); ``value`` needs exactly one,
+``range`` gives the lowest and highest over those selected (``a-b``, or ``a`` when equal).
+FIELD may carry a factor (``compress_s*1000``) or pick the i-th number of a printed cell
+(``'recon first20 -> last50[1]'``); FORMAT is a Python format string
+(``'{:.1f}'``, ``'{:.0%}'``). ``target`` says ``met`` or ``missed``: whether the one selected
+value is ``<=`` or ``>=`` LIMIT, or ``within`` LOW..HIGH. ``pick`` gives the first group of a
+regular expression in a printed output, as printed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from render import Context
+
+
+def records(ctx: Context, step: str, name: str) -> list[dict[str, Any]]:
+    if "," in name:
+        return [r for part in name.split(",") for r in records(ctx, step, part)]
+    stored = ctx.step(step)
+    if "#" in name:
+        name, index = name.split("#")
+        return stored.tables(name)[int(index)]
+    if name.endswith(".csv"):
+        return stored.csv(name)
+    data = stored.json(name)
+    return data["runs"] if isinstance(data, dict) else data
+
+
+def _same(value: Any, wanted: str) -> bool:
+    try:
+        return math.isclose(float(value), float(wanted))
+    except (TypeError, ValueError):
+        return str(value) == wanted
+
+
+def _match(record: dict[str, Any], condition: str) -> bool:
+    key, wanted = condition.split("=", 1)
+    if key.endswith("^"):  # KEY^=PREFIX
+        return str(record.get(key[:-1])).startswith(wanted)
+    return _same(record.get(key), wanted)
+
+
+def select(ctx: Context, step: str, name: str, filters: tuple[str, ...]) -> list[dict]:
+    chosen = [r for r in records(ctx, step, name) if all(_match(r, f) for f in filters)]
+    if not chosen:
+        raise ValueError(f"no record of {step}/{name} has {', '.join(filters)}")
+    return chosen
+
+
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
+
+
+def number(record: dict[str, Any], field: str) -> float:
+    """The record's FIELD; ``FIELD[i]``: the i-th number in a printed cell such as
+    ``'4094.7 -> 799.1'`` or ``'3.92x'``; ``FIELD*factor`` scales it."""
+    key, _, factor = field.partition("*")
+    index = 0
+    if key.endswith("]"):
+        key, _, position = key[:-1].rpartition("[")
+        index = int(position)
+    value = record[key]
+    if value in (None, "", "-"):
+        return float("nan")
+    if not isinstance(value, (int, float)):
+        value = NUMBER.findall(str(value).replace(",", ""))[index]
+    return float(value) * float(factor or 1)
+
+
+def one(ctx: Context, step: str, name: str, field: str, filters: tuple[str, ...]) -> float:
+    chosen = select(ctx, step, name, filters)
+    if len(chosen) != 1:
+        raise ValueError(f"{len(chosen)} records of {step}/{name} have {', '.join(filters)}; "
+                         "select one")
+    return number(chosen[0], field)
+
+
+def value(ctx: Context, step: str, name: str, field: str, fmt: str, *filters: str) -> str:
+    return fmt.format(one(ctx, step, name, field, filters))
+
+
+def target(ctx: Context, step: str, name: str, field: str, op: str, limit: str,
+           *filters: str) -> str:
+    x = one(ctx, step, name, field, filters)
+    if op == "within":
+        low, high = map(float, limit.split(".."))
+        ok = low <= x <= high
+    elif op in ("<=", ">="):
+        ok = x <= float(limit) if op == "<=" else x >= float(limit)
+    else:
+        raise ValueError(f"target: OP is '<=', '>=' or 'within', not '{op}'")
+    return "met" if ok else "missed"
+
+
+def span(ctx: Context, step: str, name: str, field: str, fmt: str, *filters: str) -> str:
+    values = [number(r, field) for r in select(ctx, step, name, filters)]
+    low, high = fmt.format(min(values)), fmt.format(max(values))
+    return low if low == high else f"{low}-{high}"
+
+
+def pick(ctx: Context, step: str, name: str, pattern: str) -> str:
+    """The first group of `pattern` (a regular expression) in a stored text output."""
+    match = re.search(pattern, ctx.step(step).text(name))
+    if match is None:
+        raise ValueError(f"{step}/{name} has no match for {pattern!r}")
+    return match[1]
+
+
+def stamp(ctx: Context, step: str) -> str:
+    """The step's stamp as a sentence, with the note an older stamp carries."""
+    note = ctx.step(step).stamp.get("note")
+    return (f"Produced by `bash results/reproduce.sh {step}` {ctx.provenance(step)}"
+            + (f" ({note})." if note else "."))
+
+
+RENDERERS = {"value": value, "range": span, "target": target, "pick": pick, "stamp": stamp}
