@@ -190,7 +190,7 @@ def test_cpu_mode_lists_every_method_and_passes(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "gracecomm.experiments.gpucheck", "device=cpu",
-         "sizes=[65536]", "check_numel=131089", "calls=1", "pipeline_steps=4", "repeats=1",
+         "sizes=[65536]", "check_numel=131089", "calls=1", "pipeline_steps=2", "repeats=1",
          "warmup=0", "ddp.methods=[none]", "ddp.steps=3", f"hydra.run.dir={run_dir}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
