@@ -21,7 +21,8 @@ one JSON line printed last (docs/gpu.md):
    fails; syncs and host copies are reported with the lines that make them.
 3. **Speed.** compress + decompress at each of `sizes` against ``torch.topk`` (k of the
    method's ratio) and one read of the tensor (``t.sum()``), timed in turn in the same run:
-   CUDA events on the GPU, warm-up excluded; process CPU time on the CPU.
+   CUDA events on the GPU, warm-up excluded; process CPU time on the CPU. Timed last, while
+   `budget_s` has not passed, so that a slow machine still reports the other checks.
 4. **DDP.** ``gracecomm-train`` runs `ddp.steps` steps of the default experiment through the
    DDP hook for each of `ddp.methods`: NCCL with 2 ranks where there are 2 or more GPUs,
    else Gloo carrying CUDA tensors (CPU: Gloo on CPU tensors).
@@ -506,7 +507,9 @@ def ddp_check(cfg: DictConfig, device: torch.device, out_dir: Path) -> Record:
 
 
 def run_checks(cfg: DictConfig, out_dir: Path, log: Callable[[str], None] = print) -> Record:
-    """Every check of the module docstring; the whole report as one record."""
+    """Every check of the module docstring, in order of importance: agreement and placement
+    of every method, the DDP runs, then the timings while `cfg.budget_s` seconds have not
+    passed (later ones are skipped, said so in the report); the whole report as one record."""
     device = resolve_device(str(cfg.device))
     if device.type == "cpu":  # ratios of single-threaded CPU times, as gracecomm-bench's
         torch.set_num_threads(int(cfg.threads))
@@ -516,23 +519,31 @@ def run_checks(cfg: DictConfig, out_dir: Path, log: Callable[[str], None] = prin
     chosen = entries(cfg)
     for entry in chosen:
         begin = time.perf_counter()
-        rec = check_method(entry, device, cfg)
-        rec["timing"] = {}
-        if rec["agree"] not in ("cannot build",):
-            for numel in map(int, cfg.sizes):
-                try:
-                    rec["timing"][str(numel)] = time_method(entry, device, numel, cfg)
-                except Exception as err:  # noqa: BLE001 - reported per method
-                    rec["timing"][str(numel)] = {"error": failure(err)}
+        rec = methods[entry.label] = check_method(entry, device, cfg)
         rec["check_s"] = time.perf_counter() - begin
-        methods[entry.label] = rec
         log(f"{entry.label:>30}: {rec['agree']:<12} "
             f"{'on device' if rec.get('on_device') else 'OFF DEVICE':<10} "
             f"syncs c/d/a/p {sync_cells(rec.get('syncs', {}))} "
             f"{'ok' if rec['ok'] else 'FAILED'} ({rec['check_s']:.1f} s)")
+    ddp = ddp_check(cfg, device, out_dir) if cfg.ddp.methods else {"runs": {}, "ok": True}
+    for entry in chosen:
+        rec = methods[entry.label]
+        rec["timing"] = {}
+        for numel in map(int, cfg.sizes):
+            if rec["agree"] == "cannot build":
+                continue
+            if time.perf_counter() - started > float(cfg.budget_s):
+                rec["timing"][str(numel)] = {"skipped": f"past budget_s={cfg.budget_s}"}
+                continue
+            try:
+                rec["timing"][str(numel)] = time_method(entry, device, numel, cfg)
+            except Exception as err:  # noqa: BLE001 - reported per method
+                rec["timing"][str(numel)] = {"error": failure(err)}
+        log(f"{entry.label:>30}: " + ", ".join(
+            f"{n}: {t['x_read']:.1f} reads, {t['vs_topk']:.2f} x topk" if "x_read" in t
+            else f"{n}: {next(iter(t.values()))}" for n, t in rec["timing"].items()))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    ddp = ddp_check(cfg, device, out_dir) if cfg.ddp.methods else {"runs": {}, "ok": True}
     ok = all(m["ok"] for m in methods.values()) and ddp["ok"]
     return {"device": device.type, "ok": ok, "machine": device_description(device),
             "seconds": time.perf_counter() - started,
