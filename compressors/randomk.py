@@ -28,14 +28,16 @@ class RandomKCtx:
 
 def draws(n: int, d: int, key: int, key2: int, device: torch.device) -> torch.Tensor:
     """The draws j(0), ..., j(n - 1) in [0, d): j(i) = floor(u d / 2^64) for the 64-bit
-    u = (mix(i, key) << 32) | mix(i, key2) of the counter generator (`gracecomm.compressors.shared.stochastic`), a
-    uniform index to within d / 2^64."""
+    u = (mix(i, key) << 32) | mix(i, key2) of the counter generator
+    (`gracecomm.compressors.shared.stochastic`), a uniform index to within d / 2^64."""
     i = torch.arange(n, dtype=torch.int64, device=device)
     return (counter_hash(i, key) * d + ((counter_hash(i, key2) * d) >> 32)) >> 32
 
 
 def first_distinct(d: int, m: int, key: int, key2: int, device: torch.device) -> torch.Tensor:
-    """The first m distinct values of the draws, in draw order (rejection of repeats)."""
+    """The first m distinct values of the draws, in draw order (rejection of repeats). The
+    host reads one number per round of draws (whether m distinct values came up; almost
+    always in the first round): the rest has sizes known in advance."""
     if m == 0:
         return torch.empty(0, dtype=torch.int64, device=device)
     n = m + m // 2 + 64
@@ -44,20 +46,20 @@ def first_distinct(d: int, m: int, key: int, key2: int, device: torch.device) ->
         ordered, order = torch.sort(j, stable=True)
         new = torch.ones(n, dtype=torch.bool, device=device)
         new[1:] = ordered[1:] != ordered[:-1]
-        first = torch.zeros(n, dtype=torch.bool, device=device)
-        first[order[new]] = True  # the earliest draw of every value
+        first = torch.empty_like(new).scatter_(0, order, new)  # the earliest draw of a value
         count = torch.cumsum(first, 0)
         if int(count[-1]) >= m:
-            end = int(torch.searchsorted(count, m)) + 1
-            return j[:end][first[:end]]
+            return j.index_select(0, torch.nonzero_static(first & (count <= m), size=m)
+                                  .view(-1))
         n *= 2
 
 
 def random_subset(d: int, k: int, key: int, device: torch.device) -> torch.Tensor:
     """Ascending int64 positions of a uniformly random k-subset of range(d) for the shared
     `key`: the first k distinct draws, or for k > d/2 all but the first d - k (so at most
-    d/2 values are ever drawn). One numba call on CPU (`gracecomm.compressors.shared.kernels.random_subset`, a
-    bitmap), the same positions from torch on other devices."""
+    d/2 values are ever drawn). One numba call on CPU
+    (`gracecomm.compressors.shared.kernels.random_subset`, a bitmap), the same positions
+    from torch on other devices."""
     if d >= SUBSET_LIMIT:
         raise ValueError(f"randomk draws indices of tensors below 2**31 elements, got {d}")
     key2 = second_key(key)
@@ -69,7 +71,7 @@ def random_subset(d: int, k: int, key: int, device: torch.device) -> torch.Tenso
         return torch.sort(first_distinct(d, k, key, key2, device)).values
     keep = torch.ones(d, dtype=torch.bool, device=device)
     keep[first_distinct(d, d - k, key, key2, device)] = False
-    return keep.nonzero().view(-1)
+    return torch.nonzero_static(keep, size=k).view(-1)
 
 
 @COMPRESSORS.register("randomk")

@@ -116,7 +116,7 @@ class SignCompressor(Compressor):
                       out.numpy())
             return out.view(ctx.shape)
         total = None
-        for payload, low, high in zip(payloads, lows.tolist(), highs.tolist()):
+        for payload, low, high in zip(payloads, lows, highs):  # 0-dim: no read by the host
             out = torch.where(unpack_bits(payload[0], ctx.numel), low, high).to(ctx.dtype)
             total = out if total is None else total.add_(out)
         return total.view(ctx.shape)
@@ -144,8 +144,9 @@ def sign_plane(x: torch.Tensor, stats: bool = False) -> tuple[torch.Tensor, Sign
     if not stats:
         return pack_bits(negative), None
     wide = x.double()
-    return pack_bits(negative), SignStats(int(negative.sum()), float(wide.clamp(max=0).sum()),
-                                          float(wide.abs().sum()))
+    count, negative_sum, abs_sum = torch.stack(  # one read by the host
+        [negative.sum().double(), wide.clamp(max=0).sum(), wide.abs().sum()]).tolist()
+    return pack_bits(negative), SignStats(int(count), negative_sum, abs_sum)
 
 
 class MajorityVote(SignCompressor):

@@ -41,6 +41,7 @@ from gracecomm.compressors.deepreduce.codec import (
     unpack_fields,
 )
 from gracecomm.compressors.deepreduce.policies import P2_MODES, POLICIES, mix, select
+from gracecomm.compressors.shared.stochastic import kernels_enabled
 from gracecomm.validation import (
     MissingDependency,
     PayloadError,
@@ -292,6 +293,7 @@ class BloomIndex(IndexCodec):
                                          "value_source")
         backend = check_choice(backend, self.BACKENDS, self.label, "backend")
         kernel = check_choice(kernel, ("auto", "numba", "python"), self.label, "kernel")
+        self.kernel = kernel
         self.compiled = kernel == "numba" or (kernel == "auto" and numba_available())
         if kernel == "numba":
             require_numba(f"{self.label}: kernel 'numba'", "kernel: python")
@@ -316,7 +318,9 @@ class BloomIndex(IndexCodec):
         return hash_family(self._seed(ctx), k, w)
 
     def _backend(self, device: torch.device) -> TorchBloom | PyBloom | NumbaBloom:
-        return self.kernels if self.kernels is not None and device.type == "cpu" else \
+        if self.kernels is None or device.type != "cpu":
+            return self.backend
+        return self.kernels if self.kernel == "numba" or kernels_enabled(device) else \
             self.backend
 
     def _query(self, packed: torch.Tensor, family: HashFamily, ctx: CodecCtx) -> torch.Tensor:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from gracecomm.compressors.shared.deflate import byte_tensor
+from gracecomm.compressors.shared.stochastic import kernels_enabled
 from gracecomm.registry import Registry, add_registry
 from gracecomm.state import Stateful
 from gracecomm.validation import PayloadError
@@ -86,7 +87,8 @@ class IndexCodec(Stateful, ABC):
 class ValueCodec(Stateful, ABC):
     """Encodes a float32 value array. Order-preserving codecs decode the i-th value as the
     i-th; ``sorts`` codecs (curve fitting) decode values in the canonical sorted order of
-    `gracecomm.compressors.deepreduce.fitting.canonical_order` and return that order from `encode`."""
+    `gracecomm.compressors.deepreduce.fitting.canonical_order` and return that order from
+    `encode`."""
 
     codec_id: ClassVar[int]
     sorts: ClassVar[bool] = False
@@ -156,19 +158,28 @@ def f32_values(data: torch.Tensor, n: int, what: str) -> torch.Tensor:
 def flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
     """Ascending positions (int64) of the true elements of the 1-D bool `mask`. On the CPU
     numpy's flatnonzero is an order of magnitude faster than torch.nonzero."""
-    if mask.device.type == "cpu":
+    if kernels_enabled(mask.device):
         return torch.from_numpy(np.flatnonzero(mask.numpy()))
     return mask.nonzero().view(-1)
 
 
 def check_index_set(indices: torch.Tensor, d: int, what: str, *, ascending: bool = True) -> None:
-    """Raise unless `indices` lie in [0, d) and, with `ascending`, strictly increase."""
+    """Raise unless `indices` lie in [0, d) and, with `ascending`, strictly increase (numpy
+    on the CPU: fewer overheads; elsewhere one read by the host)."""
     if indices.numel() == 0:
         return
-    a = indices.numpy() if indices.device.type == "cpu" else indices  # numpy: fewer overheads
-    lo, hi = int(a.min()), int(a.max())
+    if kernels_enabled(indices.device):
+        a = indices.numpy()
+        lo, hi = int(a.min()), int(a.max())
+        increasing = not ascending or bool((a[1:] > a[:-1]).all())
+    else:
+        checks = [indices.min(), indices.max()]
+        if ascending:
+            checks.append((indices[1:] > indices[:-1]).all().to(indices.dtype))
+        lo, hi, *rest = torch.stack(checks).tolist()
+        increasing = not ascending or bool(rest[0])
     if lo < 0 or hi >= d:
         raise PayloadError(f"{what}: indices span [{lo}, {hi}], outside [0, {d})")
-    if ascending and a.shape[0] > 1 and not bool((a[1:] > a[:-1]).all()):
+    if not increasing:
         raise PayloadError(f"{what}: indices must be strictly ascending (sort them first; "
                            "only raw32 and packed keep any order)")

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gracecomm.compressors.shared.stochastic import kernels_enabled
 from gracecomm.validation import require_numba
 
 MASK32 = 0xFFFFFFFF
@@ -212,7 +213,7 @@ def select(policy: str, positives: torch.Tensor, r: int, step_seed: int,
     if policy == "middle":
         start = (size - r) // 2
         return positives[start:start + r]
-    if compiled and positives.device.type == "cpu":
+    if compiled and kernels_enabled(positives.device):
         from gracecomm.compressors.deepreduce.bloom_kernels import rank as kernel_rank
 
         rank = torch.from_numpy(kernel_rank(positives.numpy(), mix(step_seed)))

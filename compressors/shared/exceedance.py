@@ -31,7 +31,8 @@ Backends (option ``backend`` of the sparsifiers):
   Gradient Compression*, samples a threshold the same way; here the result stays exact:
   a threshold that collects too few or too many is narrowed until one fits).
 - ``auto``: numba for CPU tensors when numba is installed (for `moments` and `select` from
-  `NUMBA_MIN_NUMEL` elements), torch otherwise.
+  `NUMBA_MIN_NUMEL` elements) and not switched off
+  (`gracecomm.compressors.shared.stochastic.kernels_enabled`), torch otherwise.
 
 Both give the same counts and indices; the sums agree to float64 rounding.
 """
@@ -49,7 +50,8 @@ import numpy as np
 import torch
 
 from gracecomm.buffers import dense_empty
-from gracecomm.validation import check_choice, numba_available, require_numba
+from gracecomm.compressors.shared.stochastic import kernels_enabled
+from gracecomm.validation import check_choice, require_numba
 
 BACKENDS = ("auto", "torch", "numba")
 NUMBA_MIN_NUMEL = 1 << 17
@@ -104,7 +106,7 @@ def use_numba(backend: str, x: torch.Tensor) -> bool:
         return False
     if backend == "numba":
         return True
-    return x.numel() >= NUMBA_MIN_NUMEL and numba_available()
+    return x.numel() >= NUMBA_MIN_NUMEL and kernels_enabled(x.device)
 
 
 def working(flat: torch.Tensor) -> torch.Tensor:
@@ -163,10 +165,14 @@ def moments(x: torch.Tensor, lo: float, backend: str = "auto", logs: bool = Fals
             log_sum = s1
         return Moments(int(count), float(s1), float(s2), float(log_sum) if logs else None)
     a = x.abs()
-    kept = a[~(a <= lo)].double()
-    excess = kept - lo
-    return Moments(excess.numel(), float(excess.sum()), float(excess.square().sum()),
-                   float(kept.log().sum()) if logs else None)
+    over = ~(a <= lo)
+    wide = a.double()
+    excess = torch.where(over, wide - lo, 0.0)
+    sums = [over.sum().double(), excess.sum(), excess.square().sum()]
+    if logs:
+        sums.append(torch.where(over, wide.log(), 0.0).sum())
+    count, s1, s2, *log_sum = torch.stack(sums).tolist()  # one read by the host
+    return Moments(int(count), s1, s2, log_sum[0] if logs else None)
 
 
 def count_above(x: torch.Tensor, thr: float, backend: str = "auto") -> int:
@@ -386,7 +392,7 @@ def use_numba_top_k(backend: str, x: torch.Tensor) -> bool:
     """`top_k` runs the numba kernels on CPU tensors of any size (one serial call below
     `CHUNK` elements)."""
     return backend != "torch" and x.device.type == "cpu" and (
-        backend == "numba" or numba_available())
+        backend == "numba" or kernels_enabled(x.device))
 
 
 def sample_size(k: int, d: int) -> int:
@@ -410,7 +416,7 @@ def top_k(x: torch.Tensor, k: int, backend: str = "auto") -> tuple[torch.Tensor,
             positions, raw = _kernels().top_k(_key_view(x), k, lay.mask, lay.top,
                                               sample_size(k, d), parallel)
         return torch.from_numpy(positions), torch.from_numpy(raw).view(x.dtype)
-    indices = _keep(magnitude_keys(x), k).nonzero().view(-1)
+    indices = _kept(magnitude_keys(x), k)
     return indices, x.index_select(0, indices)
 
 
@@ -425,16 +431,20 @@ def top_k_of(x: torch.Tensor, indices: torch.Tensor, k: int,
         lay = layout(x)
         chosen, _ = _kernels().pick(indices.numpy(), _key_view(values), k, lay.mask, lay.top)
         return torch.from_numpy(chosen)
-    return indices[_keep(magnitude_keys(values), k)]
+    return indices.index_select(0, _kept(magnitude_keys(values), k))
 
 
-def _keep(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """Bool mask of the k largest `keys` (0 < k < numel), ties to the earliest."""
+def _kept(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """Ascending int64 positions of the k largest `keys` (0 < k < numel), ties to the
+    earliest. The host reads nothing: with v the k-th largest key, the keys above v and the
+    first k - #above equal to it are exactly k, so `torch.nonzero_static` (no sync on CUDA,
+    where `nonzero` waits for the count) returns them."""
     v = torch.kthvalue(keys, keys.numel() - k + 1).values
     above = keys > v
     equal = keys == v
-    need = k - int(above.sum())
-    return above | (equal & (equal.cumsum(0) <= need))
+    need = k - above.sum()
+    mask = above | (equal & (equal.cumsum(0) <= need))
+    return torch.nonzero_static(mask, size=k).view(-1)
 
 
 @functools.cache

@@ -23,7 +23,9 @@ combine two keys.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,9 +64,27 @@ KERNELS = os.environ.get("GRACECOMM_KERNELS", "1") != "0"
 
 
 def kernels_enabled(device: torch.device) -> bool:
-    """Whether the numba kernels of `gracecomm.compressors.shared.kernels` run for data on `device`: CPU, numba
-    installed, not disabled by GRACECOMM_KERNELS=0."""
+    """Whether the CPU fast paths run for data on `device` where a method chooses them
+    itself (``auto``): CPU, numba installed, not disabled by GRACECOMM_KERNELS=0 or
+    `torch_paths`. Every automatic choice of a CPU-only path asks this: the numba kernels
+    (the quantizers' and Random-k's `gracecomm.compressors.shared.kernels`, the sparsifiers'
+    `gracecomm.compressors.shared.exceedance`, DeepReduce's Bloom filter) and the numpy
+    shortcuts of DeepReduce's index checks."""
     return KERNELS and device.type == "cpu" and numba_available()
+
+
+@contextlib.contextmanager
+def torch_paths() -> Iterator[None]:
+    """Within the block, methods choose their torch code paths on the CPU too, as they do
+    on every other device (kernels asked for by name, ``backend=numba``, still run): the
+    code a CUDA tensor takes, run and compared bit for bit on a machine without a GPU
+    (`gracecomm.experiments.gpucheck`). Process-wide while it lasts."""
+    global KERNELS
+    before, KERNELS = KERNELS, False
+    try:
+        yield
+    finally:
+        KERNELS = before
 
 
 def use_kernels(tensor: torch.Tensor) -> bool:
