@@ -270,8 +270,9 @@ def test_lightning_checkpoints_carry_the_compression_state(lightning_runs, light
 def test_lightning_refuses_dgc_with_a_momentum_optimizer_before_the_first_step(lightning_more):
     refused_before_first_step(lightning_more, "dgc_momentum", "memory 'dgc' applies the "
                               "momentum itself", "momentum=0.9", "SGD(params, lr, momentum=0")
-    trained(lightning_more, "dgc")  # without momentum it trains
-    assert falls(result(lightning_more, "dgc")["losses"])
+    dgc = result(lightning_more, "dgc")  # without momentum it trains
+    assert not torch.equal(trained(lightning_more, "dgc"), dgc["initial"])
+    assert sum(dgc["losses"][-8:]) < sum(dgc["losses"][:8])
 
 
 @pytest.mark.slow
@@ -339,9 +340,12 @@ def test_hf_trainer_subclass(tmp_path):
     assert all(h["gracecomm/wire_bytes"] == 536 and h["gracecomm/compression_s"] > 0
                for h in logs)
     assert (tmp_path / "topk_out" / "checkpoint-16" / "gracecomm.pt").exists()
+    refused_before_first_step(tmp_path, "dgc_momentum", "memory 'dgc' applies the momentum")
+    cannot = result(tmp_path, "resume")["cannot_resume"]
+    if cannot:  # transformers 4.x loads the optimizer with map_location="cpu:0"
+        pytest.skip(cannot[:300])
     assert torch.equal(trained(tmp_path, "resume"), topk)
     assert not torch.equal(trained(tmp_path, "resume_without_state"), topk)
-    refused_before_first_step(tmp_path, "dgc_momentum", "memory 'dgc' applies the momentum")
 
 
 @pytest.mark.slow

@@ -60,13 +60,18 @@ def train(out: Path, name: str, grace, epochs: int = 2, resume: str | None = Non
     options = {"model": model, "args": args, "train_dataset": Examples(),
                "optimizers": (optimizer, None)}
     trainer = Trainer(**options) if grace is None else GraceTrainer(**options, grace=grace)
-    error = None
+    error, cannot_resume = None, None
     try:
         trainer.train(resume_from_checkpoint=resume)
     except gracecomm.ConfigError as err:
         error = f"{type(err).__name__}: {err}"
+    except RuntimeError as err:  # the Trainer's own loading (transformers 4.x, torch < 2.?)
+        if resume is None or "restore data location" not in str(err):
+            raise
+        cannot_resume = error = f"the Trainer cannot resume on CPU processes here: {err}"
     torch.save({"params": nn.utils.parameters_to_vector(model.parameters()).detach(),
-                "initial": initial, "error": error, "history": trainer.state.log_history},
+                "initial": initial, "error": error, "history": trainer.state.log_history,
+                "cannot_resume": cannot_resume},
                out / f"{name}.rank{args.process_index}.pt")
 
 
