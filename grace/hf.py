@@ -70,6 +70,7 @@ class GraceTrainer(Trainer):
         self.grace_weight_decay = weight_decay
         self.grace_asynchronous = asynchronous
         self.exchange: GradientExchange | None = None
+        self._grace_model: Any = None  # the wrapped model the hook is registered on
         self._grace_window = MetricsWindow()
         self._grace_resume: str | None = None
         self.add_callback(_SaveCompressionState(self))
@@ -82,17 +83,17 @@ class GraceTrainer(Trainer):
             self._grace_resume = get_last_checkpoint(self.args.output_dir)
         elif resume_from_checkpoint:
             self._grace_resume = str(resume_from_checkpoint)
-        self.exchange = None  # the model is wrapped again
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        """The Trainer's step; the first one registers the hook on the wrapped model."""
-        if self.exchange is None:
+        """The Trainer's step; the first one on a newly wrapped model registers the hook."""
+        if self._grace_model is not model:  # a later ``train`` may wrap the model anew
             self.exchange = attach(
                 model, self.grace, [self.optimizer] if self.optimizer is not None else [],
                 framework="the Hugging Face Trainer", fix=SEVERAL_PROCESSES,
                 weight_decay=self.grace_weight_decay, asynchronous=self.grace_asynchronous,
                 scaler=self.accelerator.scaler)
+            self._grace_model = model
             if self._grace_resume is not None:
                 load_state_file(self.grace, self._grace_resume, self.args.device)
                 self._grace_resume = None
