@@ -29,13 +29,13 @@ class JsonlLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self._file = self.path.open("w" if resume is None else "a", encoding="utf-8")
-        self.group = group
-        self.write({"type": "config", "config": run_config, "group": group, "metric": metric,
+        self.group = (resume or {}).get("group", group)  # a resumed run keeps its group
+        self.write({"type": "config", "config": run_config, "group": self.group, "metric": metric,
                     "higher_is_better": higher_is_better})
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps for this logger to continue after a resume."""
-        return {}
+        """What a checkpoint keeps for this logger to continue after a resume: the group."""
+        return {"group": self.group}
 
     @classmethod
     def check_options(cls, **options: Any) -> None:
@@ -93,11 +93,21 @@ PARTS = ("compressor", "memory", "communicator")
 
 
 def sweep_group(hydra: DictConfig) -> str:
-    """A multirun's W&B group from Hydra's config: the experiment's name (Hydra's job name
-    without one) and the sweep directory's last two parts, by default its date and time:
-    ``sidco_2026-11-22_00-08-05``."""
+    """A multirun's W&B group from Hydra's config, shared by its runs: the experiment's name
+    (Hydra's job name without one) and the sweep directory's last two parts, by default its
+    date and its time with the run token: ``sidco_2026-11-22_00-08-05_81230``."""
+    return _group(hydra, hydra.sweep.dir)
+
+
+def run_group(hydra: DictConfig) -> str:
+    """A single run's W&B group, a group of its own: the experiment's (or job's) name and
+    the run directory's last two parts, ``train_2026-11-22_02-10-06_topk_81230``."""
+    return _group(hydra, hydra.run.dir)
+
+
+def _group(hydra: DictConfig, folder: str) -> str:
     name = hydra.runtime.choices.get("experiment") or hydra.job.name
-    return "_".join([str(name), *Path(str(hydra.sweep.dir)).parts[-2:]])
+    return "_".join([str(name), *Path(str(folder)).parts[-2:]])
 
 
 def logged_group(root: Path) -> str | None:
@@ -137,7 +147,8 @@ def run_name(parts: Mapping[str, str], overrides: Sequence[str],
 class WandbLogger(JsonlLogger):
     """JSONL plus Weights & Biases. ``mode: auto`` logs online when an API key is available
     (WANDB_API_KEY or ``wandb login``) and offline otherwise (sync later with
-    ``wandb sync``). Runs of one Hydra multirun share a group (`sweep_group`).
+    ``wandb sync``). Runs of one Hydra multirun share a group (`sweep_group`); a single run
+    is a group of its own (`run_group`); a resumed run keeps its group.
 
     The run is named from its parts (`run_name`; `name` replaces it), tagged
     ``group:choice`` for each config group Hydra chose (``compressor:topk``,
@@ -160,7 +171,7 @@ class WandbLogger(JsonlLogger):
         parts = run_parts(choices or {})
         run_id = (resume or {}).get("wandb_run_id")
         self.run = wandb.init(
-            project=project, entity=entity, group=group, job_type=job_type,
+            project=project, entity=entity, group=self.group, job_type=job_type,
             name=name or run_name(parts, overrides, run_config),
             tags=[f"{k}:{v}" for k, v in parts.items()] + list(tags),
             config={**run_config, "parts": parts}, dir=str(self.run_dir),
@@ -176,7 +187,7 @@ class WandbLogger(JsonlLogger):
             self.run.define_metric(f"eval/{key}", step_metric="eval/epoch", summary=summary)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"wandb_run_id": self.run.id}
+        return {**super().state_dict(), "wandb_run_id": self.run.id}
 
     @classmethod
     def check_options(cls, **options: Any) -> None:

@@ -1,6 +1,6 @@
 """Data-parallel training with compressed gradient exchange (Hydra entry point).
 
-    gracecomm-train                                              # 2 Gloo workers, digits, no compression
+    gracecomm-train                                              # 2 Gloo workers, digits, Top-1%
     gracecomm-train compressor=topk compressor.ratio=0.01
     gracecomm-train -m compressor=none,topk,randomk              # a sweep
     torchrun --nproc_per_node=2 -m gracecomm.experiments.train   # join torchrun's group
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import inspect
 import json
 import math
@@ -23,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,7 @@ from gracecomm.experiments.launch import (
     run_rank,
     spawn,
 )
-from gracecomm.experiments.loggers import sweep_group
+from gracecomm.experiments.loggers import run_group, sweep_group
 from gracecomm.experiments.method_defaults import RECORD_KEY, apply_method_defaults, given_keys
 from gracecomm.experiments.tasks import Task, make_task
 from gracecomm.experiments.torch_hooks import (
@@ -410,6 +412,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
         net = model
         broadcast_state(model)
         exchange = GradientExchange(grace, model, optimizer, weight_decay=decay)
+    dense_s = time_dense_allreduce(model, device)
     sampler = DistributedSampler(data.train, num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=cfg.seed)
     loader = DataLoader(data.train, batch_size=t.batch_size, sampler=sampler, drop_last=False)
@@ -527,6 +530,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     if progress is not None:
         progress.close()
     summary = _summary(totals, step, world_size, device, nets)
+    summary.update(measured_speedup(summary, dense_s))
     summary.update(evals, steps=step, world_size=world_size, task=task.name,
                    metric=task.metric, metric_label=task.label,
                    higher_is_better=task.higher_is_better,
@@ -547,6 +551,37 @@ def slowest(seconds: float, device: torch.device) -> float:
     value = torch.tensor([seconds], dtype=torch.float64, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return float(value)
+
+
+def time_dense_allreduce(model: nn.Module, device: torch.device, repeats: int = 9) -> float:
+    """Seconds one dense allreduce of all of `model`'s gradients (float32) takes on this
+    run's process group: the median of `repeats` after a warm-up, the slowest rank's; 0
+    without peers. Every rank calls it (collectives)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return 0.0
+    buffer = torch.zeros(sum(p.numel() for p in model.parameters() if p.requires_grad),
+                         device=device)
+    dist.all_reduce(buffer)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dist.all_reduce(buffer)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return slowest(sorted(times)[repeats // 2], device)
+
+
+def measured_speedup(summary: dict[str, Any], dense_s: float) -> dict[str, float]:
+    """The speedup measured on this run's own network: its mean step against the same
+    step's computation plus one dense allreduce of the gradients timed in the run
+    (`time_dense_allreduce`); nothing without peers."""
+    if not dense_s:
+        return {}
+    step = summary["step_s_per_step"]
+    compute = max(0.0, step - summary["comm_s_per_step"] - summary["overhead_s_per_step"])
+    return {"dense_allreduce_s": dense_s,
+            "measured_speedup": (compute + dense_s) / step if step > 0 else 1.0}
 
 
 def tensor_bytes(state: Any) -> int:
@@ -638,10 +673,34 @@ def format_summary(s: dict[str, Any], run_dir: str) -> str:
         row("projected speedup", ", ".join(f"{v:.2f}x at {k.split('@')[1]}" for k, v in s.items()
                                            if k.startswith("speedup@"))
             + " (vs dense ring allreduce)"),
-        row("per-step figures", steady_steps_text(s)),
-        row("metrics", os.path.join(run_dir, "metrics.jsonl")),
     ]
+    if "measured_speedup" in s:
+        lines.append(row("measured speedup",
+                         f"{s['measured_speedup']:.2f}x on this run's network (vs a dense "
+                         f"allreduce timed in the run: {1e3 * s['dense_allreduce_s']:.2f} ms)"))
+    lines += [row("per-step figures", steady_steps_text(s)),
+              row("metrics", os.path.join(run_dir, "metrics.jsonl")),
+              bought(s)]
     return "\n".join(lines)
+
+
+def bought(s: dict[str, Any]) -> str:
+    """The summary's last line: what compression bought, in bytes and in projected step
+    time on the slowest and fastest modelled networks."""
+    factor = s["compression_factor"]
+    if not math.isfinite(factor) or abs(factor - 1.0) < 0.005:
+        return (f"== compression bought nothing: {s['compressor']} sends what dense "
+                "allreduce sends (try compressor=topk)")
+    speedups = [(k.split("@")[1], v) for k, v in s.items() if k.startswith("speedup@")]
+    text = (f"== compression bought {factor:.1f}x fewer bytes than dense allreduce"
+            if factor > 1 else f"== compression cost {1 / factor:.1f}x more bytes than dense "
+            "allreduce")
+    if speedups:
+        (slow, first), (fast, last) = speedups[0], speedups[-1]
+        text += f"; projected speedup {first:.2f}x at {slow}"
+        if fast != slow:
+            text += f", {last:.2f}x at {fast}"
+    return text
 
 
 # What `main` returns to a Hydra sweeper such as Optuna, every one minimised: `error` is 1 -
@@ -687,12 +746,32 @@ def steady_steps_text(s: dict[str, Any]) -> str:
             f"{s['startup_overhead_s']:.2f} s")
 
 
-def _sweep_group() -> str | None:
+def _run_group() -> str:
     hc = HydraConfig.get()
-    return sweep_group(hc) if hc.mode == RunMode.MULTIRUN else None
+    return sweep_group(hc) if hc.mode == RunMode.MULTIRUN else run_group(hc)
+
+
+def one_line_errors(run: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
+    """A configuration refused before any worker starts (`ConfigError`, its
+    `IncompatibleError`, a `MissingDependency`) ends a single run with its one-line message
+    and exit code 1 instead of a traceback; a sweep's job raises it as before."""
+
+    @functools.wraps(run)
+    def checked(cfg: DictConfig) -> Any:
+        try:
+            return run(cfg)
+        except (ConfigError, MissingDependency) as err:
+            if HydraConfig.get().mode == RunMode.MULTIRUN:
+                raise
+            print(f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr,
+                  flush=True)
+            sys.exit(1)
+
+    return checked
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+@one_line_errors
 def main(cfg: DictConfig) -> float | tuple[float, ...]:
     """Train one configuration; return its `objective` (minimised) to a Hydra sweeper."""
     if launched_externally() and HydraConfig.get().mode == RunMode.MULTIRUN:
@@ -711,7 +790,7 @@ def main(cfg: DictConfig) -> float | tuple[float, ...]:
     validate(cfg)
     names = objective_names(cfg)
     run_dir = HydraConfig.get().runtime.output_dir
-    group = _sweep_group()
+    group = _run_group()
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     if launched_externally():  # run this rank and exit, as spawned workers do
         rank = int(os.environ["RANK"])
@@ -736,7 +815,8 @@ def main(cfg: DictConfig) -> float | tuple[float, ...]:
     if os.path.exists(summary_path):
         with open(summary_path, encoding="utf-8") as f:
             summary = json.load(f)
-    if summary.get("collapse") and group is None:  # a sweep goes on to its other runs
+    # a sweep goes on to its other runs
+    if summary.get("collapse") and HydraConfig.get().mode != RunMode.MULTIRUN:
         raise Collapsed(summary["collapse"]["message"])
     return objective(summary, names)
 

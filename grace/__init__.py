@@ -9,13 +9,14 @@ Three abstractions, composed per tensor (see DESIGN.md):
     from gracecomm import build, register_comm_hook
     grace = build({"name": "topk", "ratio": 0.01}, "residual")
     register_comm_hook(ddp_model, grace, optimizer)   # asynchronous, overlaps backward
+    state, hook = comm_hook(grace, model, optimizer)  # for frameworks that register hooks
     # custom loops: GradientExchange(grace, model, optimizer).step() after backward,
     # or grace.step(tensor, name) per tensor
 """
 
 from gracecomm.communicator import Communicator
 from gracecomm.compressor import Compressor, Payload, TensorInfo
-from gracecomm.ddp import GradientExchange, register_comm_hook
+from gracecomm.ddp import GradientExchange, comm_hook, register_comm_hook
 from gracecomm.memory import Memory
 from gracecomm.metrics import Metrics
 from gracecomm.needs import Need
@@ -26,7 +27,7 @@ from gracecomm.validation import ConfigError, IncompatibleError, NonFiniteError,
 __all__ = [
     "COMMUNICATORS", "COMPRESSORS", "MEMORIES", "Communicator", "Compressor", "ConfigError",
     "Grace", "GradientExchange", "IncompatibleError", "Memory", "Metrics", "Need",
-    "NonFiniteError", "Payload", "PayloadError", "TensorInfo", "available", "build", "create",
-    "register_comm_hook",
+    "NonFiniteError", "Payload", "PayloadError", "TensorInfo", "available", "build", "comm_hook",
+    "create", "register_comm_hook",
 ]
 __version__ = "0.1.0"

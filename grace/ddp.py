@@ -5,6 +5,13 @@ exchange for custom loops.
     grace = build({"name": "topk", "ratio": 0.01})
     register_comm_hook(ddp, grace, optimizer)     # or, without DDP, after each backward:
     exchange = GradientExchange(grace, model, optimizer); exchange.step()
+    state, hook = comm_hook(grace, model)         # for a framework that registers the hook
+
+`comm_hook` is the (state, hook) pair of PyTorch's `DistributedDataParallel.register_comm_hook`
+for frameworks that take one and register it themselves; since such a framework may skip it
+(Lightning registers comm hooks only on CUDA devices), the first optimizer step that would
+update the model checks that the hook has run, and raises instead of letting the model train
+on plain averaged gradients.
 
 For each gradient bucket the hook compresses every parameter's gradient separately (its own
 k, its own statistics, its own residual keyed by the parameter name; an elementwise
@@ -26,12 +33,16 @@ the last bucket, with every gradient in the model's parameter order, exactly as
 
 import threading
 import time
-from collections.abc import Sequence
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gracecomm.exchange import Exchange
 from gracecomm.metrics import Metrics
@@ -64,6 +75,25 @@ def check_optimizer(grace: Grace, optimizer: torch.optim.Optimizer | None) -> No
                               f"{group.get('weight_decay', 0.0)}; {fix}")
 
 
+def check_scaler(grace: Grace, scaler: torch.amp.GradScaler | None) -> None:
+    """With a GradScaler, switch `grace` to pass non-finite steps through (the scaler's
+    overflows are deliberate); without one, warn where it already passes them through, the
+    combination that trains silently wrong when a GradScaler scales the loss unseen."""
+    if scaler is not None:
+        if not isinstance(scaler, torch.amp.GradScaler):
+            raise ConfigError(f"scaler must be a torch.amp.GradScaler, got "
+                              f"{type(scaler).__name__}")
+        grace.check_finite = False
+    elif not grace.check_finite:
+        warnings.warn(
+            "the pipeline passes non-finite steps through (check_finite=False) but the "
+            "exchange was given no scaler: if a torch.amp.GradScaler scales the loss, pass it "
+            "(scaler=scaler), or compression works on loss-scaled gradients and its state "
+            "(residuals, momentum, thresholds) is wrong whenever the scale changes; without "
+            "a GradScaler, a non-finite step reaches the optimizer as NaN", UserWarning,
+            stacklevel=3)
+
+
 class TailTimer:
     """``comm_s`` of an asynchronous step: the time the training thread waits after the
     step's last bucket hook has returned until its last collective has completed (zero if
@@ -91,11 +121,14 @@ class GradientExchange:
     applies its own). `asynchronous`: the hook returns before the bucket's exchange has
     completed (the synchronous path waits; both give identical results).
 
-    `scaler`: the `torch.amp.GradScaler` of a mixed-precision loop. Compression then sees
-    the gradients divided by its current scale and the means are multiplied back, so the
-    compression state (residuals, momentum, clipping thresholds) is in the gradients' own
-    units whatever the loss scale; build the pipeline with ``check_finite=False`` so the
-    scaler's overflow steps pass through (`Grace`).
+    `scaler`: the `torch.amp.GradScaler` of a mixed-precision loop; nothing else is needed.
+    Compression then sees the gradients divided by its current scale and the means are
+    multiplied back, so the compression state (residuals, momentum, clipping thresholds) is
+    in the gradients' own units whatever the loss scale, and the pipeline passes the
+    scaler's overflow steps through (its ``check_finite`` is switched off: such a step
+    reaches every rank as NaN, the scaler skips it and the compression state is restored,
+    `Grace`). A pipeline built with ``check_finite=False`` and no scaler is warned about:
+    with a scaler the exchange does not know, compression would work in loss-scaled units.
 
     `error`: the exception the hook's exchange raised in the current step, of its own type
     (DDP raises a hook's error again as a RuntimeError that only quotes it)."""
@@ -104,9 +137,10 @@ class GradientExchange:
                  optimizer: torch.optim.Optimizer | None = None, *, weight_decay: float = 0.0,
                  asynchronous: bool = True, scaler: torch.amp.GradScaler | None = None) -> None:
         if not isinstance(grace, Grace):
-            raise ConfigError(f"the exchange needs a gracecomm.Grace pipeline (gracecomm.build(...)), "
-                              f"got {type(grace).__name__}")
+            raise ConfigError(f"the exchange needs a gracecomm.Grace pipeline "
+                              f"(gracecomm.build(...)), got {type(grace).__name__}")
         check_optimizer(grace, optimizer)
+        check_scaler(grace, scaler)
         self.grace = grace
         self.weight_decay = float(check_range(weight_decay, "exchange", "weight_decay", 0.0))
         self.asynchronous = bool(asynchronous)
@@ -118,6 +152,8 @@ class GradientExchange:
         self.scale = 1.0  # the scaler's scale during the current step
         self.tail = TailTimer(grace.metrics)
         self.error: BaseException | None = None
+        self.hook_calls = 0  # buckets the DDP hook has handed over
+        self.expecting: Any = None  # `expect_hook`'s handle until the hook runs
         self._waiting: list[tuple[list[str], list[torch.Tensor], list[torch.Tensor],
                                   dist.GradBucket, torch.futures.Future[torch.Tensor]]] = []
 
@@ -161,6 +197,10 @@ class GradientExchange:
     # -- the DDP hook ---------------------------------------------------------------------
     def bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """The hook's work for one bucket: a future of the averaged bucket buffer."""
+        self.hook_calls += 1
+        if self.expecting is not None:  # `expect_hook`: the hook runs
+            self.expecting.remove()
+            self.expecting = None
         if bucket.index() == 0:  # DDP hands buckets over in index order
             self.error = None
             self.begin_step()
@@ -173,7 +213,11 @@ class GradientExchange:
     def _bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         params = bucket.parameters()
         grads = bucket.gradients()
-        names = [self.names[id(p)] for p in params]
+        try:
+            names = [self.names[id(p)] for p in params]
+        except KeyError:
+            raise ConfigError("the DDP model's parameters are not those of the model this "
+                              "exchange was made for: pass the module that DDP wraps") from None
         named = self.prepared(names, grads, params)
         if self.whole_step:
             future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
@@ -251,17 +295,127 @@ def grace_hook(state: GradientExchange,
     return state.bucket(bucket)
 
 
+Hook = Callable[[GradientExchange, dist.GradBucket], torch.futures.Future[torch.Tensor]]
+
+
+def comm_hook(grace: Grace, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+              *, weight_decay: float = 0.0, asynchronous: bool = True,
+              scaler: torch.amp.GradScaler | None = None) -> tuple[GradientExchange, Hook]:
+    """The (state, hook) pair for a framework that registers DDP communication hooks itself
+    (``DistributedDataParallel.register_comm_hook(state, hook)``, Lightning's
+    ``DDPStrategy(ddp_comm_state=state, ddp_comm_hook=hook)``). The options are
+    `GradientExchange`'s; `model` is the module DDP will wrap (its parameter names key the
+    compression state).
+
+    A framework may skip a hook it was given (Lightning registers comm hooks only on CUDA),
+    or run the model without DDP (one process): the first optimizer step over `model`'s
+    parameters then raises `ConfigError` if the hook has not run, before any parameter is
+    updated with uncompressed gradients.
+
+    Args:
+        grace: the pipeline (`gracecomm.build`).
+        model: the module the framework wraps in DistributedDataParallel.
+        optimizer: checked where a part applies the momentum itself (`check_optimizer`).
+        weight_decay: added to the gradients before compression.
+        asynchronous: overlap each bucket's exchange with the rest of backward.
+        scaler: the GradScaler of a mixed-precision loop (`GradientExchange`).
+
+    Returns:
+        The hook's state (a `GradientExchange`) and the hook (`grace_hook`).
+
+    Raises:
+        ConfigError: the optimizer or scaler is refused (at once), or the hook has not run
+            by the first optimizer step.
+
+    Example:
+        >>> state, hook = comm_hook(build("fp16"), model, optimizer)
+        >>> DistributedDataParallel(model).register_comm_hook(state, hook)
+    """
+    state = GradientExchange(grace, model, optimizer, weight_decay=weight_decay,
+                             asynchronous=asynchronous, scaler=scaler)
+    expect_hook(state)
+    return state, grace_hook
+
+
+def expect_hook(state: GradientExchange) -> None:
+    """Until the DDP hook has run, raise `ConfigError` at any optimizer step that would
+    update a parameter of `state`'s model (`comm_hook`), before the update: where the step
+    is given a closure (Lightning's), once the closure has run backward. The first call of
+    the hook removes the check."""
+    ref = weakref.ref(state)
+
+    def verify(optimizer: torch.optim.Optimizer) -> None:
+        exchange = ref()
+        if exchange is not None and exchange.hook_calls == 0:
+            raise ConfigError(
+                f"{type(optimizer).__name__} is about to take a step, but the gracecomm hook "
+                "has not run: the model's gradients were averaged without compression. The "
+                "hook was not registered on the DistributedDataParallel model that computed "
+                "them: a framework skipped it (Lightning's DDPStrategy registers comm hooks "
+                "only on CUDA devices: use gracecomm.lightning.GraceStrategy), or the model "
+                "runs without DDP (one process). Register it on the DDP model: "
+                "gracecomm.register_comm_hook(ddp_model, grace, optimizer)")
+
+    def check(optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        exchange = ref()
+        if exchange is None or not any(id(p) in exchange.names for group in
+                                       optimizer.param_groups for p in group["params"]):
+            return None  # another model's optimizer
+        # args: the step's positional arguments, the optimizer first, then the closure
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            verify(optimizer)
+            return None
+
+        def checked() -> Any:
+            loss = closure()
+            verify(optimizer)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": checked}
+        return (args[0], checked, *args[2:]), kwargs
+
+    # removed by the hook's first call, never inside the optimizer's loop over its hooks
+    state.expecting = register_optimizer_step_pre_hook(check)
+
+
 def register_comm_hook(model: DistributedDataParallel, grace: Grace,
                        optimizer: torch.optim.Optimizer | None = None, *,
                        weight_decay: float = 0.0, asynchronous: bool = True,
                        scaler: torch.amp.GradScaler | None = None) -> GradientExchange:
-    """Make `model` exchange its gradients through `grace`; returns the hook's state. Pass
-    the optimizer where a part applies the momentum itself (it is checked), the weight
-    decay to add before compression, and a mixed-precision loop's GradScaler
-    (`GradientExchange`)."""
+    """Make `model` exchange its gradients through `grace`.
+
+    Args:
+        model: the DistributedDataParallel model (after a framework's wrapping: Accelerate's
+            ``prepare``).
+        grace: the pipeline (`gracecomm.build`).
+        optimizer: checked where a part applies the momentum itself (`check_optimizer`).
+        weight_decay: added to the gradients before compression (where a part owns the
+            momentum, instead of the optimizer's).
+        asynchronous: overlap each bucket's exchange with the rest of backward (the
+            synchronous path gives identical results).
+        scaler: the GradScaler of a mixed-precision loop: enough to pass its overflow steps
+            through (`GradientExchange`).
+
+    Returns:
+        The hook's state: its `error`, and `grace` whose ``metrics.pop()`` gives each step's
+        bytes and timings.
+
+    Raises:
+        TypeError: `model` is not DistributedDataParallel (the hook would never run).
+        ConfigError: the optimizer or scaler is refused.
+
+    Example:
+        >>> ddp = DistributedDataParallel(model)
+        >>> register_comm_hook(ddp, build({"name": "topk", "ratio": 0.01}), optimizer)
+    """
     if not isinstance(model, DistributedDataParallel):
         raise TypeError(f"register_comm_hook needs a DistributedDataParallel model, got "
-                        f"{type(model).__name__}; wrap it first, or use "
+                        f"{type(model).__name__}: the hook would never run and the model "
+                        "would train on uncompressed gradients. Wrap it first (a framework "
+                        "that runs one process wraps nothing), or use "
                         "GradientExchange(grace, model, optimizer).step() after backward")
     state = GradientExchange(grace, model.module, optimizer, weight_decay=weight_decay,
                              asynchronous=asynchronous, scaler=scaler)

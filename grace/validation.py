@@ -131,9 +131,12 @@ def is_finite(tensor: torch.Tensor, name: str, *, raise_error: bool = False) -> 
     if not raise_error:
         return False
     raise nonfinite_error(tensor, name, "compressing it would corrupt the aggregate",
-                          "with a torch.amp.GradScaler, whose overflows are deliberate, set "
-                          "check_finite=False: such a step then reaches every rank as NaN, so "
-                          "the scaler skips it, and leaves the compression state as it was")
+                          "if a torch.amp.GradScaler scales the loss, its overflows are "
+                          "deliberate: pass it to the exchange, scaler=scaler, which is enough "
+                          "(such a step then reaches every rank as NaN, the scaler skips it "
+                          "and the compression state is restored); without a GradScaler, "
+                          "check_finite=False passes such steps through the same way and the "
+                          "optimizer receives NaN")
 
 
 def nonfinite_error(tensor: torch.Tensor, name: str, why: str, remedy: str) -> NonFiniteError:

@@ -32,11 +32,14 @@ def test_default_experiment_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "leaked" not in proc.stderr, proc.stderr[-3000:]  # nothing left behind at exit
     assert "test accuracy" in proc.stdout and "wire bytes / step" in proc.stdout
+    assert "== compression bought 49.8x fewer bytes than dense allreduce" in proc.stdout
+    assert "measured speedup" in proc.stdout
     recs = records(tmp_path / "run" / "metrics.jsonl")
     assert recs[0]["type"] == "config" and recs[0]["config"]["trainer"]["world_size"] == 2
+    assert recs[0]["config"]["compressor"]["_target_"].endswith("TopK")  # it compresses
     steps = [r for r in recs if r["type"] == "step"]
     assert len(steps) == 30
-    assert all(s["wire_bytes"] == s["dense_bytes"] > 0 for s in steps)  # dense allreduce
+    assert all(49 < s["dense_bytes"] / s["wire_bytes"] < 50 for s in steps)  # Top-1%
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 30 and 0 <= summary["test_acc"] <= 1
 
@@ -52,6 +55,31 @@ def test_topk_run_logs_real_wire_bytes(tmp_path):
     sizes = [1 * 16 * 9, 16, 16 * 32 * 9, 32, 512 * 64, 64, 64 * 10, 10]
     assert step["wire_bytes"] == sum(8 * max(1, int(0.05 * d)) for d in sizes)
     assert step["dense_bytes"] == 4 * sum(sizes)
+
+
+def test_summary_says_what_compression_bought():
+    """The last line: bytes against dense allreduce and the projected speedup on the slowest
+    and fastest modelled networks; the measured speedup sets the mean step against the same
+    step with a dense allreduce timed in the run instead of compression and communication."""
+    from gracecomm.experiments.train import bought, format_summary, measured_speedup
+
+    s = {"compressor": "topk", "memory": "residual", "communicator": "allgather",
+         "world_size": 2, "steps": 10, "metric": "test_acc", "metric_label": "test accuracy",
+         "test_acc": 0.98, "wire_bytes_per_step": 100.0, "dense_bytes_per_step": 5000.0,
+         "compression_factor": 50.0, "overhead_s_per_step": 0.001, "compress_s_per_step": 0.0,
+         "decompress_s_per_step": 0.0, "memory_s_per_step": 0.0, "comm_s_per_step": 0.002,
+         "step_s_per_step": 0.01, "speedup@0.1Gbps": 2.5, "speedup@10Gbps": 0.9}
+    s.update(measured_speedup(s, dense_s=0.004))
+    assert s["measured_speedup"] == pytest.approx((0.007 + 0.004) / 0.01)
+    assert measured_speedup(s, dense_s=0.0) == {}  # one process: nothing to measure
+    text = format_summary(s, "run")
+    assert "measured speedup       1.10x on this run's network (vs a dense allreduce timed " \
+        "in the run: 4.00 ms)" in text
+    assert text.splitlines()[-1] == ("== compression bought 50.0x fewer bytes than dense "
+                                     "allreduce; projected speedup 2.50x at 0.1Gbps, 0.90x at "
+                                     "10Gbps")
+    assert bought({**s, "compression_factor": 1.0}).startswith("== compression bought nothing")
+    assert bought({**s, "compression_factor": 0.5}).startswith("== compression cost 2.0x more")
 
 
 def test_summary_keeps_start_up_apart():

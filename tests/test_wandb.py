@@ -1,7 +1,8 @@
 """W&B runs a user can navigate, checked in offline mode (no network) by reading the run's
 own ``.wandb`` file: name, tags and config keys from the parts, a readable sweep group,
 evaluation metrics on their own axis with the best value in the summary, the run's own
-report table and plots, and a resumed run continuing the same W&B run."""
+report table and plots, every run in a group, and a resumed run continuing the same W&B run
+in the same group."""
 
 import json
 import struct
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 from gracecomm.experiments.loggers import (
     JsonlLogger,
     logged_group,
+    run_group,
     run_name,
     run_parts,
     sweep_group,
@@ -38,10 +40,12 @@ def test_parts_name_and_group_come_from_hydra_choices():
                     {"compressor": {"ratio": 0.01}}) == "topk-0.01-memory=none"
     hydra = OmegaConf.create({"runtime": {"choices": {"experiment": "sidco"}},
                               "job": {"name": "train"},
-                              "sweep": {"dir": "multirun/2026-11-22/00-08-05"}})
-    assert sweep_group(hydra) == "sidco_2026-11-22_00-08-05"
+                              "sweep": {"dir": "multirun/2026-11-22/00-08-05_81230"},
+                              "run": {"dir": "outputs/2026-11-22/02-10-06_topk_81230"}})
+    assert sweep_group(hydra) == "sidco_2026-11-22_00-08-05_81230"
     hydra.runtime.choices = {}
-    assert sweep_group(hydra) == "train_2026-11-22_00-08-05"
+    assert sweep_group(hydra) == "train_2026-11-22_00-08-05_81230"
+    assert run_group(hydra) == "train_2026-11-22_02-10-06_topk_81230"
 
 
 def test_a_later_report_finds_the_sweep_group_the_runs_logged(tmp_path):
@@ -110,7 +114,8 @@ def test_wandb_run_is_named_tagged_and_resumes_the_same_run(tmp_path):
     assert info.display_name == "topk-0.05-memory.beta=0.5"
     assert {"compressor:topk", "memory:residual", "communicator:allgather", "model:cnn",
             "data:digits"} == set(info.tags)
-    assert info.job_type == "train" and info.run_group == ""  # a single run has no group
+    # a single run is a group of its own, named after its directory
+    assert info.job_type == "train" and info.run_group == "train_first_run"
     config = {u.key: json.loads(u.value_json) for u in info.config.update}
     assert config["parts"] == {"compressor": "topk", "memory": "residual",
                                "communicator": "allgather", "data": "digits", "model": "cnn"}
@@ -130,6 +135,6 @@ def test_wandb_run_is_named_tagged_and_resumes_the_same_run(tmp_path):
                     f"trainer.resume={tmp_path}/first/run/checkpoints", timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = offline_run(tmp_path / "second" / "run")
-    assert again["run"].run_id == info.run_id
+    assert again["run"].run_id == info.run_id and again["run"].run_group == info.run_group
     steps = [row["train/step"] for row in again["history"] if "train/step" in row]
     assert steps == list(range(51, 61))
