@@ -41,9 +41,10 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from gracecomm.experiments import presets
 from gracecomm.experiments.report import read_run
 from gracecomm.network import Network
-from gracecomm.validation import ConfigError, check_range
+from gracecomm.validation import check_range
 
 NAMESPACE_PREFIX = "gracecomm-netbench-"
 CALIBRATION_ROUNDS = 200
@@ -205,17 +206,14 @@ def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
     check_range(cfg.warmup_steps, "netbench", "warmup_steps", 0, integer=True)
     check_range(cfg.rounds, "netbench", "rounds", 1, integer=True)
     check_range(cfg.world_size, "netbench", "world_size", 2, integer=True)
-    presets = cfg.presets
-    names = [cfg.baseline] + [m for m in cfg.methods if m != cfg.baseline]
-    unknown = [m for m in names if m not in presets]
-    if unknown:
-        raise ConfigError(f"netbench: methods {unknown} have no preset; presets: "
-                          f"{', '.join(presets)} (add one with 'presets.NAME=[overrides]')")
+    names = presets.check([str(cfg.baseline)] + [str(m) for m in cfg.methods
+                                                  if m != cfg.baseline], "netbench")
     runs = []
     for name in names:
-        overrides = [*cfg.overrides, *presets[name], f"trainer.world_size={cfg.world_size}"]
+        overrides = [*cfg.overrides, *presets.overrides(name),
+                     f"trainer.world_size={cfg.world_size}"]
         runs.append((name, overrides))
-        if cfg.also_sync and not any(o.startswith("trainer.exchange=") for o in presets[name]):
+        if cfg.also_sync and presets.exchange(name) == "hook":
             runs.append((f"{name}_sync", [*overrides, "trainer.exchange=hook_sync"]))
     return runs
 

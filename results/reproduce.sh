@@ -97,7 +97,7 @@ for step in "${steps[@]}"; do
       gracecomm-netbench hydra.run.dir=outputs/results/netbench_100 | tee results/netbench/100mbit.txt
       gracecomm-netbench bandwidth_mbps=1000 hydra.run.dir=outputs/results/netbench_1000 \
         | tee results/netbench/1000mbit.txt
-      gracecomm-netbench rounds=2 'methods=[ddp,none,fp16,topk,torch_fp16]' \
+      gracecomm-netbench rounds=2 'methods=[ddp,dense,fp16,topk,torch_fp16]' \
         'overrides=["model=resnet20","data=prototypes","trainer.bucket_cap_mb=0.25"]' \
         hydra.run.dir=outputs/results/netbench_buckets | tee results/netbench/buckets.txt ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;

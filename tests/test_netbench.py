@@ -32,12 +32,13 @@ def namespaces() -> list[str]:
 
 
 def test_plan_puts_the_baseline_first_and_sync_variants_after_their_method():
-    names = [name for name, _ in plan(config(methods=["topk", "ddp", "torch_fp16"]))]
-    assert names == ["ddp", "topk", "topk_sync", "torch_fp16"]  # PyTorch's hooks: no sync twin
+    runs = plan(config(methods=["topk", "ddp", "torch_fp16"]))
+    assert [name for name, _ in runs] == ["ddp", "topk", "topk_sync", "torch_fp16"]  # PyTorch's
+    assert dict(runs)["topk"][-2:] == ["+method=topk", "trainer.world_size=2"]  # hooks: no twin
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"methods": ["ddp", "topkk"]}, r"methods \['topkk'\] have no preset"),
+    ({"methods": ["ddp", "topkk"]}, r"'methods' names \['topkk'\], which are not method presets"),
     ({"rounds": 0}, "rounds"),
     ({"bandwidth_mbps": 0}, "bandwidth_mbps"),
     ({"world_size": 1}, "world_size"),
