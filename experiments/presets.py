@@ -44,14 +44,19 @@ def check(names: list[str], owner: str, option: str = "methods") -> list[str]:
     return names
 
 
-def compose(name: str, *extra: str) -> DictConfig:
-    """The training config of preset `name` (with `extra` overrides), composed as
-    ``gracecomm-train +method=NAME`` composes it, also from inside this package's Hydra
-    entry points (which search the same config directory)."""
+def train_config(*overrides: str) -> DictConfig:
+    """The training config of ``gracecomm-train OVERRIDES``, composed as the trainer composes
+    it, also from inside this package's Hydra entry points (which search the same config
+    directory)."""
     if GlobalHydra.instance().is_initialized():
-        return hydra.compose(config_name="train", overrides=[*overrides(name), *extra])
+        return hydra.compose(config_name="train", overrides=list(overrides))
     from gracecomm.experiments.train import compose_config  # the trainer imports much
-    return compose_config(*overrides(name), *extra)
+    return compose_config(*overrides)
+
+
+def compose(name: str, *extra: str) -> DictConfig:
+    """The training config of preset `name`, with `extra` overrides (`train_config`)."""
+    return train_config(*overrides(name), *extra)
 
 
 def overrides(name: str) -> list[str]:
