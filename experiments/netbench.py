@@ -433,14 +433,19 @@ def measure_accuracy(cfg: DictConfig, topology: Any, runs: list[tuple[str, list[
 
 def provenance() -> dict[str, Any]:
     """What produced the numbers: the command line, the commit, the machine's load."""
-    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).resolve().parent)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True,
-                           cwd=Path(__file__).resolve().parent)
-    return {"command": " ".join(["gracecomm-netbench", *sys.argv[1:]]),
-            "commit": commit.stdout.strip() + (" with uncommitted changes"
-                                               if dirty.stdout.strip() else ""),
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True,
+                                  cwd=here).stdout.strip()
+        except OSError:  # no git: an installed package
+            return ""
+
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += " with uncommitted changes"
+    return {"command": " ".join(["gracecomm-netbench", *sys.argv[1:]]), "commit": commit,
             "cpus": len(os.sched_getaffinity(0)), "load_before": list(os.getloadavg()),
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
@@ -489,8 +494,8 @@ def benchmark(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 def format_table(result: dict[str, Any]) -> str:
     """The step-time table, or with ``goal=accuracy`` the time-to-accuracy table. A run
-    whose exchange is not timed (plain DDP and PyTorch's hooks) has no projected step of
-    its own: its compute is inferred from the step it took."""
+    whose exchange is not timed (plain DDP) has no projected step or compute time of its
+    own (``-``): the projection of its speedup is the dense baseline by definition."""
     rows = result["runs"]
     where = (f"{result['world_size']} nodes x {result['ranks_per_node']} rank(s), each node "
              f"its own link of {result['bandwidth_mbps']:g} Mbit/s"
@@ -508,7 +513,8 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(f"{r['method']:<16}{'yes' if r['reached_target'] else 'no':>8}"
                          f"{r['steps_to_target']:>7}{time_s:>9}{speedup:>9}"
                          f"{r['final_accuracy']:>10.4f}{1e3 * r['step_s']:>9.1f}"
-                         f"{1e3 * r['compute_s']:>11.1f}{r['wire_bytes'] / 1000:>9.1f}")
+                         + (f"{1e3 * r['compute_s']:>11.1f}" if r["comm_timed"] else
+                            f"{'-':>11}") + f"{r['wire_bytes'] / 1000:>9.1f}")
         return "\n".join(lines)
     lines = [f"{where}; medians over the measured steps of every round (rounds: the lowest "
              "and highest round median)",
@@ -516,11 +522,13 @@ def format_table(result: dict[str, Any]) -> str:
              f"{'projected':>11}{'proj. step ms':>15}{'compute ms':>11}{'KB/step':>9}"]
     for r in rows:
         low, high = (1e3 * t for t in r["round_step_s"])
-        projected = f"{1e3 * r['projected_step_s']:>15.1f}" if r["comm_timed"] else f"{'-':>15}"
+        timed = r["comm_timed"]
+        projected = f"{1e3 * r['projected_step_s']:>15.1f}" if timed else f"{'-':>15}"
+        compute = f"{1e3 * r['compute_s']:>11.1f}" if timed else f"{'-':>11}"
         lines.append(f"{r['method']:<16}{1e3 * r['step_s']:>9.1f}{f'{low:.1f}-{high:.1f}':>13}"
                      f"{1e3 * r['dense_step_s']:>10.1f}{r['measured_speedup']:>9.2f}x"
-                     f"{r['projected_speedup']:>10.2f}x{projected}"
-                     f"{1e3 * r.get('compute_s', 0.0):>11.1f}{r['wire_bytes'] / 1000:>9.1f}")
+                     f"{r['projected_speedup']:>10.2f}x{projected}{compute}"
+                     f"{r['wire_bytes'] / 1000:>9.1f}")
     return "\n".join(lines)
 
 
@@ -565,6 +573,9 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         result = benchmark(cfg, out_dir)
+    except ConfigError as err:
+        print(f"netbench: {err}", file=sys.stderr)
+        sys.exit(1)
     except (NetbenchError, ClusterError) as err:
         print(f"netbench: {err}", file=sys.stderr)
         sys.exit(2)

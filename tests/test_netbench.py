@@ -51,11 +51,14 @@ def test_bad_options_are_named(options, message):
 def test_a_run_without_its_own_exchange_timing_shows_no_projection():
     row = {"method": "ddp", "step_s": 0.2, "round_step_s": [0.19, 0.21], "dense_step_s": 0.2,
            "measured_speedup": 1.0, "projected_speedup": 1.0, "projected_step_s": 0.4,
-           "comm_timed": False, "wire_bytes": 1.0e6}
-    timed = {**row, "method": "topk", "comm_timed": True, "projected_step_s": 0.03}
-    table = format_table([row, timed], 100).splitlines()
+           "comm_timed": False, "wire_bytes": 1.0e6, "compute_s": 0.2}
+    timed = {**row, "method": "topk", "comm_timed": True, "projected_step_s": 0.03,
+             "compute_s": 0.025}
+    table = format_table({"bandwidth_mbps": 100, "topology": "loopback",
+                          "runs": [row, timed]}).splitlines()
     assert table[2].split()[:3] == ["ddp", "200.0", "190.0-210.0"] and "400.0" not in table[2]
-    assert table[3].split()[6] == "30.0"
+    assert table[2].split()[6:8] == ["-", "-"]  # no projected step, no compute of its own
+    assert table[3].split()[6:8] == ["30.0", "25.0"]
 
 
 def netbench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -63,6 +66,7 @@ def netbench(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
                           capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not ROOT, reason="needs root and iproute2 (ip, tc) for a network namespace")
 def test_a_shaped_run_prints_its_json_and_removes_its_namespace(tmp_path):
@@ -82,6 +86,7 @@ def test_a_shaped_run_prints_its_json_and_removes_its_namespace(tmp_path):
     assert namespaces() == before
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root, the tools are what is missing")
 def test_without_iproute2_it_says_so_and_makes_no_namespace(tmp_path):
     before = namespaces() if ROOT else []
