@@ -249,7 +249,7 @@ class Cluster:
     def calibrate_latency_us(self, out_dir: Path) -> float:
         assert self.cluster is not None
         out = out_dir / "latency.json"
-        self.cluster.torchrun(["-m", "gracecomm.experiments.cluster_probe", str(out)],
+        self.cluster.torchrun(["-m", "gracecomm.experiments.cluster_probe", "rank", str(out)],
                               out_dir / "calibration", 300)
         return float(json.loads(out.read_text())["latency_s"]) * 1e6
 
