@@ -75,12 +75,15 @@ from gracecomm.experiments.cluster import (
     sigterm_as_exit,
 )
 from gracecomm.experiments.report import Run, read_run
-from gracecomm.network import TCP_OVER_ETHERNET, Network
+from gracecomm.network import COLLECTIVE_KEYS, OVERHEAD_KEYS, TCP_OVER_ETHERNET, Network
 from gracecomm.validation import ConfigError, check_choice, check_range
 
 NAMESPACE_PREFIX = "gracecomm-netbench-"
 CALIBRATION_ROUNDS = 200
 TOPOLOGIES = ("loopback", "cluster")
+# per-step medians kept with each run, to project it elsewhere (experiments/cluster_report.py)
+STAT_KEYS = (*COLLECTIVE_KEYS, *OVERHEAD_KEYS, "compute_s", "comm_s", "step_s", "dense_bytes",
+             "exchanges", "wire_bytes")
 GOALS = ("step", "accuracy")
 
 
@@ -290,7 +293,8 @@ def summarise(method: str, rounds: list[list[dict[str, Any]]], network: Network,
             "comm_s": median("comm_s") if comm_timed else 0.0,
             "overhead_s": statistics.median(sum(r.get(k, 0.0) for k in (
                 "compress_s", "decompress_s", "memory_s")) for r in kept),
-            "wire_bytes": median("wire_bytes"), "steps": len(kept)}
+            "wire_bytes": median("wire_bytes"), "steps": len(kept),
+            "stats": {key: median(key) for key in STAT_KEYS if key in kept[0]}}
 
 
 def check_options(cfg: DictConfig) -> None:

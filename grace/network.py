@@ -170,6 +170,21 @@ class Network:
                 f"speedup@{self.label}": dense / projected if projected > 0 else 1.0}
 
 
+def at_world_size(stats: Mapping[str, float], measured_at: int,
+                  world_size: int) -> dict[str, float]:
+    """Per-step statistics recorded at `measured_at` ranks as they would be at `world_size`
+    ranks, the per-rank payloads unchanged: an allgather's bytes grow with the ranks whose
+    blocks it gathers, a parameter server's with its N - 1 workers; allreduce and
+    broadcast bytes, calls and every other statistic stay."""
+    scaled = dict(stats)
+    for kind, factor in (("allgather", world_size / measured_at),
+                         ("ps_push", (world_size - 1) / max(1, measured_at - 1)),
+                         ("ps_pull", (world_size - 1) / max(1, measured_at - 1))):
+        if bytes_key(kind) in scaled:
+            scaled[bytes_key(kind)] *= factor
+    return scaled
+
+
 def networks(bandwidths_gbps: Iterable[float] | float, latency_us: float,
              shared: bool = False) -> list[Network]:
     """One `Network` per bandwidth (a number or a list, as in ``network.bandwidth_gbps``)."""
