@@ -41,6 +41,18 @@ def pct(a: float, b: float) -> str:
     return f"{100 * (a / b - 1):+.0f}%"
 
 
+def contention(r: dict[str, Any]) -> str:
+    """The compute per step of the timed runs (the slowest rank's) against one rank's
+    alone: what sharing this machine's CPUs costs each rank."""
+    timed = [row["compute_s"] for row in r["runs"] if row["comm_timed"]]
+    if not timed or "compute_alone_s" not in r:
+        return ""
+    cpus = r.get("provenance", {}).get("cpus", "?")
+    return (f"; {r['ranks']} ranks on {cpus} CPUs: compute {1e3 * min(timed):.1f}-"
+            f"{1e3 * max(timed):.1f} ms per step (the slowest rank's) against "
+            f"{1e3 * r['compute_alone_s']:.1f} ms for one rank alone")
+
+
 def render_step(path: Path | str) -> str:
     """A ``goal=step`` netbench result: measured and projected step time and speedup per
     method, compute per step (the slowest rank's, under the contention of this machine),
@@ -48,7 +60,7 @@ def render_step(path: Path | str) -> str:
     r = load(path)
     lines = [f"{r['world_size']} nodes x {r['ranks_per_node']} rank, {r['bandwidth_mbps']:g} "
              f"Mbit/s per node ({r['topology']}); calibrated latency "
-             f"{r['latency_us_calibrated']:.0f} us per message", "",
+             f"{r['latency_us_calibrated']:.0f} us per message{contention(r)}", "",
              "| method | step ms (rounds) | measured speedup | projected speedup | error | "
              "compute ms | KB/step |", "|---|---|---|---|---|---|---|"]
     for row in r["runs"]:
@@ -83,7 +95,8 @@ def render_tta(path: Path | str) -> str:
               f"`{ref['method']}`'s final {ref['final_accuracy']:.4f} after "
               f"{ref['steps']} steps)" if ref else f"{r['target_accuracy']:.4f} (given)")
     lines = [f"{r['world_size']} nodes x {r['ranks_per_node']} rank, {r['bandwidth_mbps']:g} "
-             f"Mbit/s per node ({r['topology']}); target test accuracy {target}", "",
+             f"Mbit/s per node ({r['topology']}); target test accuracy {target}"
+             f"{contention(r)}", "",
              "| method | reached | steps | time to target s | speedup | final accuracy | "
              "step ms | KB/step |", "|---|---|---|---|---|---|---|---|"]
     for row in r["runs"]:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -393,6 +394,23 @@ def reference_accuracy(cfg: DictConfig, runs: list[tuple[str, list[str]]], ranks
             "curve": [[e["step"], e[metric]] for e in run.evals]}
 
 
+def compute_alone(cfg: DictConfig, out_dir: Path) -> float:
+    """The median compute time of a step of one rank alone on this machine (the dense
+    preset, unshaped, ``warmup_steps + steps`` steps): what each rank's compute takes
+    without the others contending for the CPUs."""
+    run_dir = out_dir / "alone"
+    args = train_args([*cfg.overrides, *presets.overrides("dense"), "trainer.world_size=1",
+                       *step_overrides(int(cfg.warmup_steps) + int(cfg.steps))],
+                      run_dir, float(cfg.timeout_s))
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=float(cfg.timeout_s) + 60)
+    if done.returncode:
+        raise NetbenchError(f"the single-rank compute run failed:\n{done.stdout[-2000:]}"
+                            f"{done.stderr[-2000:]}")
+    records = finished(run_dir).steps[int(cfg.warmup_steps):]
+    return statistics.median(r["compute_s"] for r in records)
+
+
 def accuracy_overrides(cfg: DictConfig, target: float | None) -> list[str]:
     acc = cfg.accuracy
     return [f"trainer.max_steps={acc.max_steps}", "trainer.epochs=100000",
@@ -467,6 +485,8 @@ def benchmark(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
             reference = reference_accuracy(cfg, runs, topology.ranks, out_dir)
             target = float(cfg.accuracy.target_fraction) * reference["final_accuracy"]
         result["reference"] = reference
+    alone = compute_alone(cfg, out_dir)
+    print(f"compute of one rank alone: {1e3 * alone:.1f} ms/step", flush=True)
     with sigterm_as_exit(), topology.up():
         latency_us = topology.calibrate_latency_us(out_dir)
         network = topology.network(latency_us)
@@ -487,7 +507,7 @@ def benchmark(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                    "latency_ms": float(cfg.latency_ms), "topology": str(cfg.topology),
                    "goal": str(cfg.goal), "world_size": int(cfg.world_size),
                    "ranks_per_node": int(cfg.ranks_per_node), "ranks": topology.ranks,
-                   "latency_us_calibrated": latency_us,
+                   "latency_us_calibrated": latency_us, "compute_alone_s": alone,
                    "network": {"overhead": network.overhead, "broadcast": network.broadcast,
                                "shared": network.shared},
                    "runs": rows})
@@ -501,13 +521,22 @@ def format_table(result: dict[str, Any]) -> str:
     whose exchange is not timed (plain DDP) has no projected step or compute time of its
     own (``-``): the projection of its speedup is the dense baseline by definition."""
     rows = result["runs"]
+    contention = ""
+    if "compute_alone_s" in result:
+        timed = [r["compute_s"] for r in rows if r["comm_timed"]]
+        cpus = result.get("provenance", {}).get("cpus", "?")
+        contention = (f"\n{result['ranks']} ranks on {cpus} CPUs: compute per step "
+                      f"{1e3 * min(timed, default=math.nan):.1f}-"
+                      f"{1e3 * max(timed, default=math.nan):.1f} ms (the slowest rank's) against "
+                      f"{1e3 * result['compute_alone_s']:.1f} ms for one rank alone"
+                      if timed else "")
     where = (f"{result['world_size']} nodes x {result['ranks_per_node']} rank(s), each node "
              f"its own link of {result['bandwidth_mbps']:g} Mbit/s"
              if result.get("topology") == "cluster" else
              f"shaped loopback at {result['bandwidth_mbps']:g} Mbit/s")
     if result.get("goal") == "accuracy":
         lines = [f"{where}; time to test accuracy {result['target_accuracy']:.4f} (training "
-                 "wall-clock, evaluations excluded)",
+                 f"wall-clock, evaluations excluded){contention}",
                  f"{'method':<16}{'reached':>8}{'steps':>7}{'time s':>9}{'speedup':>9}"
                  f"{'final acc':>10}{'step ms':>9}{'compute ms':>11}{'KB/step':>9}"]
         for r in rows:
@@ -521,7 +550,7 @@ def format_table(result: dict[str, Any]) -> str:
                             f"{'-':>11}") + f"{r['wire_bytes'] / 1000:>9.1f}")
         return "\n".join(lines)
     lines = [f"{where}; medians over the measured steps of every round (rounds: the lowest "
-             "and highest round median)",
+             f"and highest round median){contention}",
              f"{'method':<16}{'step ms':>9}{'rounds ms':>13}{'dense ms':>10}{'measured':>10}"
              f"{'projected':>11}{'proj. step ms':>15}{'compute ms':>11}{'KB/step':>9}"]
     for r in rows:

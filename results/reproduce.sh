@@ -12,7 +12,8 @@ OUT=multirun/results
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
   sparse_model every_method bench_sidco sidco_bound bench_receive bench_fig10 natural_table1 variance grace_reference \
-  powersgd_vs_torch hook long_run netbench)
+  powersgd_vs_torch hook long_run netbench cluster_step cluster_model cluster_tta cluster_tta8 \
+  cluster_collectives cluster_projection cluster_report)
 
 train_into() {  # train_into DIR [overrides...]: a multirun into an emptied $OUT/DIR
   local dir=$1; shift
@@ -30,6 +31,22 @@ sweep() {  # sweep NAME [overrides...]: one experiment sweep into $OUT/NAME, rep
   train_into "$name" "+experiment=$name" "$@"
   mkdir -p "results/$name"
   cp "$OUT/$name"/report.{md,csv} "$OUT/$name"/*.png "results/$name/"
+}
+
+# the methods of the time-to-accuracy runs (docs/cluster.md), and the harder data they use
+TTA_METHODS='methods=[ddp,torch_fp16,torch_powersgd,dense,fp16,topk,dgc,sidco_e,natural,qsgd,powersgd,efsignsgd,randomk,dr_bf_p0]'
+TTA_DATA='overrides=["model=resnet20","data=prototypes","data.noise=3"]'
+
+cluster_run() {  # cluster_run NAME [netbench overrides...]: results/cluster/NAME.{json,txt,png}
+  local name=$1; shift
+  mkdir -p "results/cluster/$(dirname "$name")"
+  rm -rf "outputs/results/cluster/$name"
+  gracecomm-netbench "$@" "hydra.run.dir=outputs/results/cluster/$name" \
+    | tee "results/cluster/$name.txt"
+  cp "outputs/results/cluster/$name/netbench.json" "results/cluster/$name.json"
+  if [ -f "outputs/results/cluster/$name/accuracy_vs_time.png" ]; then
+    cp "outputs/results/cluster/$name/accuracy_vs_time.png" "results/cluster/$name.png"
+  fi
 }
 
 stamp() {  # stamp STEP: record on the results page the commit STEP's numbers come from
@@ -100,6 +117,35 @@ for step in "${steps[@]}"; do
       gracecomm-netbench rounds=2 'methods=[ddp,dense,fp16,topk,torch_fp16]' \
         'overrides=["model=resnet20","data=prototypes","trainer.bucket_cap_mb=0.25"]' \
         hydra.run.dir=outputs/results/netbench_buckets | tee results/netbench/buckets.txt ;;
+    cluster_step)  # needs root: 4 nodes, each its own 100 Mbit/s link, ranks by torchrun
+      cluster_run step_4n_100mbit topology=cluster world_size=4 bandwidth_mbps=100 \
+        'methods=[ddp,dense,fp16,torch_fp16,topk,powersgd,powersgd_parity,torch_powersgd]' ;;
+    cluster_model)  # the cost model at 2, 4, 8 nodes and 10, 100, 1000 Mbit/s
+      for mbit in 10 100 1000; do
+        for n in 2 4 8; do
+          cluster_run "model/${n}n_${mbit}mbit" topology=cluster world_size=$n \
+            bandwidth_mbps=$mbit also_sync=false rounds=1 steps=15 warmup_steps=5 \
+            'methods=[ddp,fp16,torch_fp16,topk,dgc,randomk,powersgd_parity,torch_powersgd]'
+        done
+      done ;;
+    cluster_tta)  # time to accuracy, 4 nodes at 10 and 100 Mbit/s
+      for mbit in 10 100; do
+        cluster_run "tta_4n_${mbit}mbit" topology=cluster goal=accuracy world_size=4 \
+          bandwidth_mbps=$mbit "$TTA_METHODS" "$TTA_DATA"
+      done ;;
+    cluster_tta8)  # time to accuracy, 8 nodes at 100 Mbit/s (8 ranks on this machine's CPUs)
+      cluster_run tta_8n_100mbit topology=cluster goal=accuracy world_size=8 \
+        bandwidth_mbps=100 "$TTA_METHODS" "$TTA_DATA" timeout_s=1800 ;;
+    cluster_collectives)  # Gloo's allreduce and allgather alone, against the model
+      mkdir -p results/cluster
+      python -m gracecomm.experiments.cluster_probe sweep results/cluster/collectives.json \
+        --nodes 2 4 8 --mbit 10 100 1000 ;;
+    cluster_projection)  # past this machine; steps to target from cluster_tta at 100 Mbit/s
+      python -m gracecomm.experiments.cluster_projection results/cluster/projection.json \
+        --tta results/cluster/tta_4n_100mbit.json --plot results/cluster/projection.png \
+        | tee results/cluster/projection.txt ;;
+    cluster_report)  # the results page's tables and the crossover plot, from the files above
+      python -m gracecomm.experiments.cluster_report results/cluster | tee results/cluster/tables.md ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;
   esac
   stamp "$step"

@@ -82,7 +82,7 @@ def test_a_shaped_run_prints_its_json_and_removes_its_namespace(tmp_path):
         assert {"step_s", "dense_step_s", "measured_speedup", "projected_speedup"} <= set(run)
     assert result["runs"][0]["measured_speedup"] == 1.0
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name[0] != ".") == [
-        "ddp.0", "ddp.1", "topk.0", "topk.1"]  # the methods ran in turn, twice
+        "alone", "ddp.0", "ddp.1", "topk.0", "topk.1"]  # the methods ran in turn, twice
     assert namespaces() == before
 
 
