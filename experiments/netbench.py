@@ -396,14 +396,17 @@ def reference_accuracy(cfg: DictConfig, runs: list[tuple[str, list[str]]], ranks
 
 def compute_alone(cfg: DictConfig, out_dir: Path) -> float:
     """The median compute time of a step of one rank alone on this machine (the dense
-    preset, unshaped, ``warmup_steps + steps`` steps): what each rank's compute takes
-    without the others contending for the CPUs."""
+    preset, unshaped, ``warmup_steps + steps`` steps, started by torchrun with one torch
+    thread as the cluster's ranks are): what each rank's compute takes without the others
+    contending for the CPUs."""
     run_dir = out_dir / "alone"
-    args = train_args([*cfg.overrides, *presets.overrides("dense"), "trainer.world_size=1",
+    args = train_args([*cfg.overrides, *presets.overrides("dense"),
                        *step_overrides(int(cfg.warmup_steps) + int(cfg.steps))],
                       run_dir, float(cfg.timeout_s))
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          timeout=float(cfg.timeout_s) + 60)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=1", *args], capture_output=True, text=True,
+                          timeout=float(cfg.timeout_s) + 60,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode:
         raise NetbenchError(f"the single-rank compute run failed:\n{done.stdout[-2000:]}"
                             f"{done.stderr[-2000:]}")
