@@ -8,7 +8,9 @@ against the model (`gracecomm.network`), without any training around them.
 ``sweep`` makes a cluster for every node count and bandwidth and runs ``rank`` on every
 node under torchrun; rank 0 writes ``{"world_size", "latency_s", "allreduce": {bytes:
 seconds}, "allgather": {bytes per rank: seconds}}``: medians over ``repeats`` calls after
-one untimed call, every call after a barrier. The latency is the median time of a
+one untimed call, every call after a barrier; ``sweep`` also counts the bytes the links
+carry for 20 allreduces of 1.08 MB (``wire_per_payload``: TCP/IP framing and
+acknowledgements, `gracecomm.network.TCP_OVER_ETHERNET`). The latency is the median time of a
 one-float allreduce divided by the 2(N-1) messages of Gloo's ring. The sweep's JSON holds
 each case's measurements next to the model's time for the same collective (per-node links,
 TCP framing, the calibrated latency).
@@ -19,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -64,9 +68,18 @@ def probe(allreduce: list[int], allgather: list[int], repeats: int) -> dict[str,
     return out
 
 
+WIRE_CALLS, WIRE_BYTES = 20, 1_078_888  # the allreduces whose link bytes `sweep` counts
+
+
 def rank_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    if args.wire:  # only WIRE_CALLS allreduces, for the links' byte counters
+        x = torch.zeros(WIRE_BYTES // 4)
+        for _ in range(WIRE_CALLS):
+            dist.all_reduce(x)
+        dist.destroy_process_group()
+        return
     result = probe(args.allreduce, args.allgather, args.repeats)
     if dist.get_rank() == 0:
         args.out.write_text(json.dumps(result))
@@ -74,8 +87,21 @@ def rank_main(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def link_bytes(cluster: Any) -> int:
+    """Bytes every node's uplink has sent so far (``tc -s``: as the token bucket counts
+    them, Ethernet header included)."""
+    total = 0
+    for ns in cluster.namespaces:
+        done = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev",
+                               "eth0"], capture_output=True, text=True, check=True).stdout
+        total += int(re.search(r"Sent (\d+) bytes", done).group(1))
+    return total
+
+
 def sweep(nodes: list[int], mbits: list[float], repeats: int, work: Path) -> dict[str, Any]:
-    """Every node count at every bandwidth: the measured times and the model's."""
+    """Every node count at every bandwidth: the measured times and the model's, and the
+    bytes the links carried per payload byte of a ring allreduce (each of N ranks sends
+    2(N-1)/N of the vector per call)."""
     from gracecomm.experiments.cluster import EmulatedCluster, Link, sigterm_as_exit
     from gracecomm.network import TCP_OVER_ETHERNET, Network
     cases = []
@@ -89,6 +115,11 @@ def sweep(nodes: list[int], mbits: list[float], repeats: int, work: Path) -> dic
                          "--allreduce", *map(str, ALLREDUCE_BYTES),
                          "--allgather", *map(str, ALLGATHER_BYTES),
                          "--repeats", str(repeats)], work / f"logs_{n}n_{mbit:g}", 900)
+                    before = link_bytes(cluster)
+                    cluster.torchrun(["-m", "gracecomm.experiments.cluster_probe", "rank",
+                                      str(out), "--wire"], work / f"wire_{n}n_{mbit:g}", 900)
+                    payload = n * WIRE_CALLS * 2 * (n - 1) / n * WIRE_BYTES
+                    wire = (link_bytes(cluster) - before) / payload
                 measured = json.loads(out.read_text())
                 net = Network(mbit / 1000, measured["latency_s"] * 1e6,
                               overhead=TCP_OVER_ETHERNET, broadcast="tree")
@@ -97,7 +128,7 @@ def sweep(nodes: list[int], mbits: list[float], repeats: int, work: Path) -> dic
                          "allgather": {b: net.time("allgather", n * int(b), n)
                                        for b in measured["allgather"]}}
                 cases.append({"nodes": n, "bandwidth_mbps": mbit, **measured, "model": model,
-                              "load": list(os.getloadavg())})
+                              "wire_per_payload": wire, "load": list(os.getloadavg())})
                 print(json.dumps(cases[-1]), flush=True)
     return {"cases": cases, "repeats": repeats}
 
@@ -111,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     rank.add_argument("--allgather", type=int, nargs="*", default=[], metavar="BYTES",
                       help="bytes each rank contributes")
     rank.add_argument("--repeats", type=int, default=10)
+    rank.add_argument("--wire", action="store_true", help="only the allreduces of the "
+                      "links' byte count")
     many = sub.add_parser("sweep", help="clusters of every size and bandwidth, probed")
     many.add_argument("out", type=Path, help="JSON file of every case, model beside")
     many.add_argument("--nodes", type=int, nargs="+", default=[2, 4, 8])

@@ -37,8 +37,25 @@ def source(result: dict[str, Any]) -> str:
             f"{load_text}")
 
 
+def network_of(result: dict[str, Any]) -> Network:
+    """The calibrated network a netbench result was projected on."""
+    stored = result.get("network", {})
+    return Network(result["bandwidth_mbps"] / 1000, result["latency_us_calibrated"],
+                   shared=stored.get("shared", False),
+                   overhead=stored.get("overhead", TCP_OVER_ETHERNET),
+                   broadcast=stored.get("broadcast", "tree"),
+                   ranks_per_node=result.get("ranks_per_node", 1),
+                   host_gbps=stored.get("host_gbps"))
+
+
 def pct(a: float, b: float) -> str:
     return f"{100 * (a / b - 1):+.0f}%"
+
+
+def hosts(r: dict[str, Any]) -> str:
+    """The hosts' calibrated rate (`gracecomm.network.Network.host_gbps`), if any."""
+    host = r.get("network", {}).get("host_gbps")
+    return f", the hosts' rate {host:.3g} Gbit/s of payload" if host else ""
 
 
 def contention(r: dict[str, Any]) -> str:
@@ -60,7 +77,7 @@ def render_step(path: Path | str) -> str:
     r = load(path)
     lines = [f"{r['world_size']} nodes x {r['ranks_per_node']} rank, {r['bandwidth_mbps']:g} "
              f"Mbit/s per node ({r['topology']}); calibrated latency "
-             f"{r['latency_us_calibrated']:.0f} us per message{contention(r)}", "",
+             f"{r['latency_us_calibrated']:.0f} us per message{hosts(r)}{contention(r)}", "",
              "| method | step ms (rounds) | measured speedup | projected speedup | error | "
              "compute ms | KB/step |", "|---|---|---|---|---|---|---|"]
     for row in r["runs"]:
@@ -180,8 +197,7 @@ def crossover(paths: Sequence[Path | str], max_nodes: int = 1024) -> dict[str, A
     sparsifier."""
     results = sorted((load(p) for p in paths), key=lambda r: r["world_size"])
     smallest = results[0]
-    net = Network(smallest["bandwidth_mbps"] / 1000, smallest["latency_us_calibrated"],
-                  overhead=TCP_OVER_ETHERNET, broadcast="tree")
+    net = network_of(smallest)
     nodes = [2 ** k for k in range(1, int(math.log2(max_nodes)) + 1)]
     measured: dict[str, dict[int, float]] = {}
     projected: dict[str, dict[int, float]] = {}

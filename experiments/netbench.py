@@ -58,6 +58,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,7 @@ from gracecomm.validation import ConfigError, check_choice, check_range
 
 NAMESPACE_PREFIX = "gracecomm-netbench-"
 CALIBRATION_ROUNDS = 200
+CALIBRATION_BYTES = 2**20  # the cluster's allreduce that calibrates the hosts' rate
 TOPOLOGIES = ("loopback", "cluster")
 # per-step medians kept with each run, to project it elsewhere (experiments/cluster_report.py)
 STAT_KEYS = (*COLLECTIVE_KEYS, *OVERHEAD_KEYS, "compute_s", "comm_s", "step_s", "dense_bytes",
@@ -210,16 +212,15 @@ class Loopback:
     def overrides(self) -> list[str]:
         return [f"trainer.world_size={self.ranks}"]
 
-    def network(self, latency_us: float) -> Network:
-        return Network(float(self.cfg.bandwidth_mbps) / 1000, latency_us, shared=True)
-
-    def calibrate_latency_us(self, out_dir: Path) -> float:
+    def calibrate(self, out_dir: Path) -> Network:
+        """The shared link, with the per-message latency measured in the namespace."""
         out = out_dir / "latency.json"
         code = ("from gracecomm.experiments.launch import spawn; "
                 "from gracecomm.experiments.netbench import _calibrate; "
                 f"spawn(_calibrate, {self.ranks}, {str(out)!r}, timeout_s=120)")
         in_namespace(self.namespace, ["-c", code], 180)
-        return float(json.loads(out.read_text())) * 1e6
+        latency_us = float(json.loads(out.read_text())) * 1e6
+        return Network(float(self.cfg.bandwidth_mbps) / 1000, latency_us, shared=True)
 
     def train(self, overrides: Sequence[str], run_dir: Path, timeout_s: float) -> None:
         in_namespace(self.namespace, train_args(overrides, run_dir, timeout_s), timeout_s + 60)
@@ -245,17 +246,25 @@ class Cluster:
     def overrides(self) -> list[str]:
         return []
 
-    def network(self, latency_us: float) -> Network:
-        return Network(float(self.cfg.bandwidth_mbps) / 1000, latency_us,
+    def calibrate(self, out_dir: Path) -> Network:
+        """The cluster's network: per-message latency from small allreduces, and the hosts'
+        rate (`Network.host_gbps`) from the part of a 1 MiB allreduce's time that the link
+        and the latency leave unexplained (none where they explain it all)."""
+        assert self.cluster is not None
+        out = out_dir / "calibration.json"
+        self.cluster.torchrun(["-m", "gracecomm.experiments.cluster_probe", "rank", str(out),
+                               "--allreduce", str(CALIBRATION_BYTES)],
+                              out_dir / "calibration", 600)
+        probe = json.loads(out.read_text())
+        link = Network(float(self.cfg.bandwidth_mbps) / 1000, probe["latency_s"] * 1e6,
                        overhead=TCP_OVER_ETHERNET, broadcast="tree",
                        ranks_per_node=self.per_node)
-
-    def calibrate_latency_us(self, out_dir: Path) -> float:
-        assert self.cluster is not None
-        out = out_dir / "latency.json"
-        self.cluster.torchrun(["-m", "gracecomm.experiments.cluster_probe", "rank", str(out)],
-                              out_dir / "calibration", 300)
-        return float(json.loads(out.read_text())["latency_s"]) * 1e6
+        excess = probe["allreduce"][str(CALIBRATION_BYTES)] - link.time(
+            "allreduce", CALIBRATION_BYTES, self.ranks)
+        _, factor = link.terms("allreduce", self.ranks)
+        # factor counts wire bytes; the hosts' rate is per payload byte
+        host = 8 * factor / TCP_OVER_ETHERNET * CALIBRATION_BYTES / excess / 1e9
+        return replace(link, host_gbps=host if excess > 0 else None)
 
     def train(self, overrides: Sequence[str], run_dir: Path, timeout_s: float) -> None:
         assert self.cluster is not None
@@ -491,9 +500,11 @@ def benchmark(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     alone = compute_alone(cfg, out_dir)
     print(f"compute of one rank alone: {1e3 * alone:.1f} ms/step", flush=True)
     with sigterm_as_exit(), topology.up():
-        latency_us = topology.calibrate_latency_us(out_dir)
-        network = topology.network(latency_us)
-        print(f"calibrated per-message latency: {latency_us:.0f} us", flush=True)
+        network = topology.calibrate(out_dir)
+        latency_us = network.latency_us
+        host = (f"; the hosts move {network.host_gbps:.3g} Gbit/s of payload"
+                if network.host_gbps else "")
+        print(f"calibrated per-message latency: {latency_us:.0f} us{host}", flush=True)
         if target is None:
             rows = measure_steps(cfg, topology, runs, network, out_dir)
         else:
@@ -512,7 +523,7 @@ def benchmark(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                    "ranks_per_node": int(cfg.ranks_per_node), "ranks": topology.ranks,
                    "latency_us_calibrated": latency_us, "compute_alone_s": alone,
                    "network": {"overhead": network.overhead, "broadcast": network.broadcast,
-                               "shared": network.shared},
+                               "shared": network.shared, "host_gbps": network.host_gbps},
                    "runs": rows})
     if target is not None:
         result["target_accuracy"] = float(target)

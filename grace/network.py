@@ -36,9 +36,18 @@ carries everything.
 
 ``overhead`` is the bytes a link carries per payload byte: 1 counts payload only. Over TCP
 on Ethernet with a 1500-byte MTU (`TCP_OVER_ETHERNET`), a frame of 1514 bytes (as a shaper
-counts it: Ethernet header, IP and TCP headers with timestamps) carries 1448 payload bytes,
-and a link that also receives (every link of a ring) sends one 66-byte acknowledgement per
-two frames it receives.
+counts it: Ethernet header, IP and TCP headers with timestamps) carries 1448 payload bytes;
+the acknowledgements a link sends for what it receives add little more, as the receiver
+coalesces segments before acknowledging them (the emulated cluster's links carried 1.047
+to 1.049 bytes per payload byte of Gloo's ring allreduce at 2 and 4 nodes:
+``python -m gracecomm.experiments.cluster_probe sweep``, ``wire_per_payload``).
+
+``host_gbps`` is what moving the bytes costs the hosts: Gloo copies and reduces every
+segment on the ranks' CPUs and the kernel carries every frame, and where CPUs are scarce
+(many ranks sharing few cores, as on the emulated cluster) a collective takes longer than
+its link needs, most at high link rates. Each payload byte then costs 8 / host_gbps ns on
+top of the link's time; `gracecomm.experiments.netbench` calibrates it on the cluster from
+one allreduce of 1 MiB (the time the link and the latency do not explain).
 
 A step with several collectives of a kind adds their times; since each time is linear in n,
 the sum is calls x latency term + (bandwidth factor) x total bytes / B. The projected step
@@ -62,7 +71,7 @@ from gracecomm.validation import ConfigError, check_choice, check_range
 
 KINDS = ("allreduce", "allgather", "broadcast", "ps_push", "ps_pull")
 BROADCASTS = ("ring", "tree")
-TCP_OVER_ETHERNET = (1514 + 66 / 2) / 1448  # wire bytes per payload byte (module docstring)
+TCP_OVER_ETHERNET = 1514 / 1448  # wire bytes per payload byte (module docstring)
 OVERHEAD_KEYS = ("compress_s", "decompress_s", "memory_s")
 
 
@@ -104,8 +113,9 @@ class Network:
     """A homogeneous network: every rank has a link of `bandwidth_gbps` (10^9 bits/s) and
     each message pays `latency_us` microseconds; with `shared`, all ranks' traffic crosses
     one such link; `overhead` wire bytes per payload byte; broadcasts along a pipelined
-    ``ring`` or Gloo's binomial ``tree``; `ranks_per_node` ranks share each node's link
-    (module docstring)."""
+    ``ring`` or Gloo's binomial ``tree``; `ranks_per_node` ranks share each node's link;
+    `host_gbps`, where given, the rate at which the ranks' CPUs move payload through a
+    collective, paid on top of the link's (module docstring)."""
 
     bandwidth_gbps: float
     latency_us: float
@@ -113,11 +123,14 @@ class Network:
     overhead: float = 1.0
     broadcast: str = "ring"
     ranks_per_node: int = 1
+    host_gbps: float | None = None
 
     def __post_init__(self) -> None:
         check_range(self.bandwidth_gbps, "network", "bandwidth_gbps", 0.0, low_open=True)
         check_range(self.latency_us, "network", "latency_us", 0.0)
         check_range(self.overhead, "network", "overhead", 1.0)
+        if self.host_gbps is not None:
+            check_range(self.host_gbps, "network", "host_gbps", 0.0, low_open=True)
         check_choice(self.broadcast, BROADCASTS, "network", "broadcast")
         check_range(self.ranks_per_node, "network", "ranks_per_node", 1, integer=True)
 
@@ -148,8 +161,9 @@ class Network:
         if world_size <= 1 or calls == 0:
             return 0.0
         messages, factor = self.terms(kind, world_size)
-        beta = 8.0 / (self.bandwidth_gbps * 1e9)  # seconds per byte
-        return calls * messages * self.latency_us * 1e-6 + factor * nbytes * beta
+        beta = 8.0 / (self.bandwidth_gbps * 1e9)  # seconds per byte on the link
+        host = 0.0 if self.host_gbps is None else 8.0 / (self.host_gbps * 1e9) / self.overhead
+        return calls * messages * self.latency_us * 1e-6 + factor * nbytes * (beta + host)
 
     def comm_time(self, stats: Mapping[str, float], world_size: int) -> float:
         """Modelled seconds of every collective recorded in `stats`."""

@@ -19,7 +19,7 @@ MBIT = 8 / 100e6  # seconds per byte at 100 Mbit/s
 
 def test_tcp_framing_and_gloo_broadcast_by_hand():
     net = Network(0.1, 0.0, overhead=TCP_OVER_ETHERNET, broadcast="tree")
-    assert TCP_OVER_ETHERNET == pytest.approx((1514 + 33) / 1448)
+    assert TCP_OVER_ETHERNET == pytest.approx(1514 / 1448)
     assert net.time("allreduce", 1e6, 4) == pytest.approx(1.5 * 1e6 * MBIT * TCP_OVER_ETHERNET)
     # binomial tree: the root sends the message ceil(log2 8) = 3 times
     assert net.time("broadcast", 1e6, 8) == pytest.approx(3 * 1e6 * MBIT * TCP_OVER_ETHERNET)
@@ -114,3 +114,12 @@ def test_projection_inputs_come_from_the_models_definitions():
     assert sum(math.prod(s) for s in resnet50_shapes()) == 25_557_032
     assert sum(math.prod(s) for s in bert_base_shapes()) == 109_482_240
     assert buckets(2**20) == 1 and buckets(2**20 + 1) == 2  # DDP: 1 MiB, then 25 MiB
+
+
+def test_the_hosts_rate_adds_to_the_links_time_per_payload_byte():
+    link = Network(1.0, 0.0, overhead=TCP_OVER_ETHERNET)
+    both = Network(1.0, 0.0, overhead=TCP_OVER_ETHERNET, host_gbps=2.0)
+    extra = both.time("allreduce", 1e6, 4) - link.time("allreduce", 1e6, 4)
+    assert extra == pytest.approx(1.5 * 1e6 * 8 / 2e9)  # 2(N-1)/N of the payload at 2 Gbit/s
+    with pytest.raises(ConfigError, match="host_gbps"):
+        Network(1.0, 0.0, host_gbps=0.0)
