@@ -12,8 +12,8 @@ OUT=multirun/results
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
   sparse_model every_method bench_sidco sidco_bound bench_receive bench_fig10 natural_table1 variance grace_reference \
-  powersgd_vs_torch hook long_run netbench cluster_step cluster_model cluster_tta cluster_tta8 \
-  cluster_collectives cluster_projection cluster_report)
+  powersgd_vs_torch hook long_run netbench cluster_step cluster_pinning cluster_model cluster_tta \
+  cluster_tta8 cluster_collectives cluster_projection cluster_report)
 
 train_into() {  # train_into DIR [overrides...]: a multirun into an emptied $OUT/DIR
   local dir=$1; shift
@@ -120,6 +120,11 @@ for step in "${steps[@]}"; do
     cluster_step)  # needs root: 4 nodes, each its own 100 Mbit/s link, ranks by torchrun
       cluster_run step_4n_100mbit topology=cluster world_size=4 bandwidth_mbps=100 \
         'methods=[ddp,dense,fp16,torch_fp16,topk,powersgd,powersgd_parity,torch_powersgd]' ;;
+    cluster_pinning)  # do pinned ranks steady the timings? the rounds' spread, pinned or not
+      for pin in true false; do
+        cluster_run "pinning/pin_${pin}" topology=cluster world_size=4 bandwidth_mbps=100 \
+          pin_cpus=$pin also_sync=false rounds=5 steps=20 'methods=[ddp,topk,powersgd_parity]'
+      done ;;
     cluster_model)  # the cost model at 2, 4, 8 nodes and 10, 100, 1000 Mbit/s
       for mbit in 10 100 1000; do
         for n in 2 4 8; do
