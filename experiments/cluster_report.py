@@ -108,9 +108,10 @@ def render_tta(path: Path | str) -> str:
     speedup in time to target over the baseline; a miss says so."""
     r = load(path)
     ref = r.get("reference")
-    target = (f"{r['target_accuracy']:.4f} ({ref and 'a fraction of'} "
+    target = (f"{r['target_accuracy']:.4f} ({ref.get('target_fraction', '?')} of "
               f"`{ref['method']}`'s final {ref['final_accuracy']:.4f} after "
-              f"{ref['steps']} steps)" if ref else f"{r['target_accuracy']:.4f} (given)")
+              f"{ref['steps']} steps, unshaped)" if ref else
+              f"{r['target_accuracy']:.4f} (given)")
     lines = [f"{r['world_size']} nodes x {r['ranks_per_node']} rank, {r['bandwidth_mbps']:g} "
              f"Mbit/s per node ({r['topology']}); target test accuracy {target}"
              f"{contention(r)}", "",

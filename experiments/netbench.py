@@ -496,6 +496,7 @@ def benchmark(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         if target is None:
             reference = reference_accuracy(cfg, runs, topology.ranks, out_dir)
             target = float(cfg.accuracy.target_fraction) * reference["final_accuracy"]
+            reference["target_fraction"] = float(cfg.accuracy.target_fraction)
         result["reference"] = reference
     alone = compute_alone(cfg, out_dir)
     print(f"compute of one rank alone: {1e3 * alone:.1f} ms/step", flush=True)
