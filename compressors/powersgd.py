@@ -71,10 +71,10 @@ def orthonormalize(p: torch.Tensor) -> torch.Tensor:
 def orthonormalize_(p: torch.Tensor) -> torch.Tensor:
     """`orthonormalize` in place; returns `p`. A dropped column is divided by infinity (a
     column holding NaN stays NaN; the pipeline never hands one over)."""
-    tol = 1000 * torch.finfo(p.dtype).eps * torch.norm(p, dim=-2, keepdim=True)
+    tol = 1000 * torch.finfo(p.dtype).eps * torch.linalg.vector_norm(p, dim=-2, keepdim=True)
     for i in range(p.shape[-1]):
         col = p[..., i:i + 1]
-        norm = torch.norm(col, dim=-2, keepdim=True)
+        norm = torch.linalg.vector_norm(col, dim=-2, keepdim=True)
         col.div_(torch.where(norm > tol[..., i:i + 1], norm, math.inf))
         if i + 1 < p.shape[-1]:
             rest = p[..., i + 1:]
@@ -215,9 +215,11 @@ class PowerSGD(Compressor):
     def products(self, matrices: Sequence[torch.Tensor], factors: Sequence[torch.Tensor], *,
                  transpose: bool) -> list[torch.Tensor]:
         """M F (or M^T F) for each matrix, batched by shape with `batch_same_shape`."""
-        runs = None if self.batch_same_shape else [1] * len(matrices)
+        if not self.batch_same_shape:  # one product each (the same bits, fewer calls)
+            return [torch.bmm((m.t() if transpose else m).unsqueeze(0), f.unsqueeze(0))[0]
+                    for m, f in zip(matrices, factors)]
         return batched(lambda m, f: torch.bmm(m.transpose(1, 2) if transpose else m, f),
-                       matrices, factors, runs=runs)
+                       matrices, factors)
 
     @staticmethod
     def split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -240,9 +242,25 @@ class PowerSGD(Compressor):
             raise PayloadError(f"PowerSGD factor Q has shape {tuple(q.shape)} and dtype {q.dtype}, "
                                f"expected {(m, self.rank)} and {ctx.p.dtype}")
         self.q[ctx.name] = q.detach().clone()  # the last one decoded is the aggregate
-        out = dense_empty(ctx.info.numel, q.dtype, q.device).view(1, -1, m)  # recycled if large
-        approx = torch.bmm(ctx.p.unsqueeze(0), q.unsqueeze(0).transpose(1, 2), out=out)[0]
-        return approx.to(ctx.info.dtype).view(ctx.info.shape)
+        return self.approximation(q, ctx).to(ctx.info.dtype).view(ctx.info.shape)
+
+    def approximation(self, q: torch.Tensor, ctx: PowerSGDCtx) -> torch.Tensor:
+        """P Q^T as a new n x m tensor (a recycled buffer when large)."""
+        out = dense_empty(ctx.info.numel, q.dtype, q.device).view(1, -1, q.shape[0])
+        return torch.bmm(ctx.p.unsqueeze(0), q.unsqueeze(0).transpose(1, 2), out=out)[0]
+
+    def subtract_decompressed(self, t: torch.Tensor, payload: Payload, ctx: PowerSGDCtx,
+                              in_place: bool = False) -> torch.Tensor:
+        """Error feedback's t - P Q_local^T (Algorithm 1's local error), written into the
+        approximation's buffer, without keeping Q_local as the warm start (`decompress` of
+        the aggregate does); zero for a tensor sent whole. The bits of `difference`."""
+        (q,) = payload
+        if ctx.p is None:
+            return torch.zeros_like(t)
+        approx = self.approximation(q, ctx)
+        if approx.dtype != t.dtype:
+            return t - approx.to(t.dtype).view(t.shape)
+        return torch.sub(t, approx.view(t.shape), out=approx.view(t.shape))
 
     def state_dict(self) -> dict[str, Any]:
         """With numpy's RNG state as tensors and numbers (``weights_only`` checkpoints)."""

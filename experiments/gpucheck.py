@@ -89,17 +89,23 @@ class Entry:
     overrides: tuple[str, ...]
 
 
+def extra_overrides(cfg: DictConfig) -> dict[str, tuple[str, ...]]:
+    """``cfg.extra_overrides``: label -> the overrides the check adds to that method's own
+    (LGC's phases shortened so that a few steps reach every phase)."""
+    return {str(k): tuple(v) for k, v in (cfg.get("extra_overrides") or {}).items()}
+
+
 def entries(cfg: DictConfig) -> list[Entry]:
     """Every registered compressor, a DeepReduce per registered index and value codec, and
     the variants; `cfg.methods`, if set, picks some of them by label."""
-    presets = {str(k): tuple(v) for k, v in (cfg.get("presets") or {}).items()}
-    found = [Entry(name, (f"compressor={name}", *presets.get(name, ())))
+    extra = extra_overrides(cfg)
+    found = [Entry(name, (f"compressor={name}", *extra.get(name, ())))
              for name in gracecomm.available("compressor")]
     for kind in ("index", "value"):
         for codec in gracecomm.available(f"{kind}_codec"):
             label = f"deepreduce[{kind}={codec}]"
             found.append(Entry(label, ("compressor=deepreduce", f"compressor/{kind}={codec}",
-                                       *presets.get(label, ()))))
+                                       *extra.get(label, ()))))
     for label, overrides in (cfg.get("variants") or {}).items():
         found.append(Entry(str(label), tuple(overrides)))
     if cfg.get("methods") is None:
@@ -464,7 +470,7 @@ def ddp_check(cfg: DictConfig, device: torch.device, out_dir: Path) -> Record:
     d = cfg.ddp
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     backend = "nccl" if gpus >= int(d.world_size) else "gloo"
-    presets = {str(k): list(v) for k, v in (cfg.get("presets") or {}).items()}
+    extra = extra_overrides(cfg)
     runs: dict[str, Record] = {}
     for method in d.methods:
         run_dir = out_dir / "ddp" / str(method)
@@ -473,7 +479,7 @@ def ddp_check(cfg: DictConfig, device: torch.device, out_dir: Path) -> Record:
                f"trainer.world_size={int(d.world_size)}", f"trainer.max_steps={int(d.steps)}",
                "trainer.epochs=1", "trainer.progress=false", "trainer.exchange=hook",
                f"trainer.timeout_s={float(d.timeout_s)}", f"compressor={method}",
-               *presets.get(str(method), [])]
+               *extra.get(str(method), ())]
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True,

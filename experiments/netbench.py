@@ -1,28 +1,54 @@
 """Real speed on a slow link: every method trains on a shaped network, and its measured step
-time is printed next to dense DDP's and next to the cost model's projection (`gracecomm.network`)
-for the same run and link.
+time (``goal=step``) or its time to a target accuracy (``goal=accuracy``) is printed next to
+plain DDP's and next to the cost model's projection (`gracecomm.network`) for the same run
+and link.
 
-    gracecomm-netbench                               # 100 Mbit/s, configs/netbench.yaml
-    gracecomm-netbench bandwidth_mbps=1000 methods=[ddp,topk]
+    gracecomm-netbench                                   # 100 Mbit/s, configs/netbench.yaml
+    gracecomm-netbench bandwidth_mbps=1000 'methods=[ddp,topk]'
+    gracecomm-netbench topology=cluster world_size=4     # 4 nodes, each its own 100 Mbit/s link
+    gracecomm-netbench topology=cluster goal=accuracy bandwidth_mbps=10 'methods=[ddp,topk]'
 
-A private network namespace is created and its loopback shaped with a token bucket
-(``tc qdisc ... tbf``) at ``bandwidth_mbps`` (and ``netem`` delay when ``latency_ms`` > 0).
-Each method's workers (`gracecomm.experiments.train`, same model, data and seed) run inside
-it on 127.0.0.1 for ``warmup_steps + steps`` steps; their per-step records give the median
-step time and the cost model's projected step times, on a `gracecomm.network.Network` with the
-shaped bandwidth, ``shared=True`` (all ranks' traffic crosses the one loopback) and the
-per-message latency measured in the namespace by a calibration of small allreduces.
+Topologies:
 
-The last line of output is one JSON object:
-``{"bandwidth_mbps": B, "runs": [{"method", "step_s", "dense_step_s", "measured_speedup",
-"projected_speedup", ...}, ...]}``. Needs root and iproute2 (``ip``, ``tc``); the namespace
-is removed when the benchmark ends, also on error, Ctrl-C or SIGTERM.
+- ``loopback``: one private network namespace whose loopback is shaped with a token bucket
+  (``tc qdisc ... tbf``) at ``bandwidth_mbps`` (and ``netem`` delay when ``latency_ms`` >
+  0); the ``world_size`` ranks of each method (`gracecomm.experiments.train`'s local
+  workers) run inside it on 127.0.0.1, every byte of every rank through the one bucket.
+  Projected with ``shared=True`` (a hub).
+- ``cluster``: ``world_size`` nodes, each a namespace with its own address and a link of
+  ``bandwidth_mbps`` in each direction to a bridge (`gracecomm.experiments.cluster`), each
+  node's ``ranks_per_node`` ranks started by ``torchrun`` in its namespace. Projected on
+  switched links with Gloo's algorithms (binomial broadcast) and TCP's framing
+  (`gracecomm.network.TCP_OVER_ETHERNET`).
+
+Methods are presets of ``configs/method/`` (`gracecomm.experiments.presets`). The per-message
+latency is measured on the shaped network by a calibration of small allreduces.
+
+``goal=step``: each method trains ``warmup_steps + steps`` steps, ``rounds`` times in turn;
+the table holds the median step time and the speedup over the baseline, measured and
+projected. ``goal=accuracy``: the target is ``accuracy.target_accuracy``, or else
+``accuracy.target_fraction`` of the baseline's final test accuracy after
+``accuracy.max_steps`` steps (a reference run without shaping: the link changes the time of
+a step, not its arithmetic); each method then trains until its test accuracy, evaluated
+every ``accuracy.eval_every_steps`` steps, reaches the target, or ``accuracy.max_steps``.
+Its time to target is the training wall-clock time at that evaluation (from its first step,
+evaluations excluded); a run that misses says so (``reached_target: false``, its
+``time_to_target_s`` then the whole run's time, a lower bound). A plot of test accuracy
+against wall-clock time, every method on one figure, is written next to ``netbench.json``.
+
+The last line of output is one JSON object: ``{"bandwidth_mbps", "topology", "world_size",
+"runs": [{"method", "step_s", "dense_step_s", "measured_speedup", "projected_speedup"}, ...]}``,
+with ``goal=accuracy`` each run adding ``time_to_target_s``, ``target_accuracy``,
+``final_accuracy``, ``reached_target``, ``steps_to_target`` (and ``tta_speedup`` where the
+baseline reached the target). Needs root and iproute2 (``ip``, ``tc``); namespaces, links
+and processes are removed when the benchmark ends, also on an error, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -32,6 +58,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +68,26 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from gracecomm.experiments.report import read_run
-from gracecomm.network import Network
-from gracecomm.validation import ConfigError, check_range
+from gracecomm.experiments import presets
+from gracecomm.experiments.cluster import (
+    ClusterError,
+    EmulatedCluster,
+    Link,
+    check_size,
+    sigterm_as_exit,
+)
+from gracecomm.experiments.report import Run, read_run
+from gracecomm.network import COLLECTIVE_KEYS, OVERHEAD_KEYS, TCP_OVER_ETHERNET, Network
+from gracecomm.validation import ConfigError, check_choice, check_range
 
 NAMESPACE_PREFIX = "gracecomm-netbench-"
 CALIBRATION_ROUNDS = 200
+CALIBRATION_BYTES = 2**20  # the cluster's allreduce that calibrates the hosts' rate
+TOPOLOGIES = ("loopback", "cluster")
+# per-step medians kept with each run, to project it elsewhere (experiments/cluster_report.py)
+STAT_KEYS = (*COLLECTIVE_KEYS, *OVERHEAD_KEYS, "compute_s", "comm_s", "step_s", "dense_bytes",
+             "exchanges", "wire_bytes")
+GOALS = ("step", "accuracy")
 
 
 class NetbenchError(RuntimeError):
@@ -115,19 +156,6 @@ def shaped_namespace(bandwidth_mbps: float, latency_ms: float) -> Iterator[str]:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
 
 
-@contextlib.contextmanager
-def sigterm_as_exit() -> Iterator[None]:
-    """Let SIGTERM unwind like Ctrl-C, so the namespace and the runs are cleaned up."""
-    def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _calibrate(rank: int, world_size: int, out: str) -> None:
     """Per-message latency: the median time of a one-float allreduce over 2(N-1) messages."""
     x = torch.zeros(1)
@@ -156,112 +184,436 @@ def in_namespace(namespace: str, args: Sequence[str], timeout_s: float) -> None:
                             f"{output[-3000:]}")
 
 
-def calibrate_latency_us(namespace: str, world_size: int, out_dir: Path) -> float:
-    out = out_dir / "latency.json"
-    code = ("import sys; from gracecomm.experiments.launch import spawn; "
-            "from gracecomm.experiments.netbench import _calibrate; "
-            f"spawn(_calibrate, {world_size}, {str(out)!r}, timeout_s=120)")
-    in_namespace(namespace, ["-c", code], 180)
-    return float(json.loads(out.read_text())) * 1e6
+def train_args(overrides: Sequence[str], run_dir: Path, timeout_s: float) -> list[str]:
+    """``python -m gracecomm.experiments.train`` arguments of one measured run."""
+    return ["-m", "gracecomm.experiments.train", *overrides, "trainer.progress=false",
+            f"trainer.timeout_s={timeout_s}", f"hydra.run.dir={run_dir}"]
 
 
-def run_method(namespace: str, overrides: Sequence[str], run_dir: Path, steps: int,
-               network: Network, timeout_s: float) -> list[dict[str, Any]]:
-    """Train inside `namespace` for `steps` steps; the per-step records of rank 0."""
-    args = ["-m", "gracecomm.experiments.train", *overrides, f"trainer.max_steps={steps}",
-            "trainer.epochs=1000", "trainer.eval_every=1000", "trainer.progress=false",
-            f"trainer.timeout_s={timeout_s}", f"hydra.run.dir={run_dir}",
-            f"network.bandwidth_gbps=[{network.bandwidth_gbps}]",
-            f"network.latency_us={network.latency_us}", f"network.shared={network.shared}"]
-    in_namespace(namespace, args, timeout_s + 60)
+def step_overrides(steps: int) -> list[str]:
+    """``goal=step``: `steps` steps, no evaluation until the end."""
+    return [f"trainer.max_steps={steps}", "trainer.epochs=1000", "trainer.eval_every=1000"]
+
+
+class Loopback:
+    """Every rank in one namespace, its loopback shaped (`shaped_namespace`)."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+        self.ranks = int(cfg.world_size)
+        self.namespace = ""
+
+    @contextlib.contextmanager
+    def up(self) -> Iterator[None]:
+        with shaped_namespace(float(self.cfg.bandwidth_mbps),
+                              float(self.cfg.latency_ms)) as self.namespace:
+            yield
+
+    def overrides(self) -> list[str]:
+        return [f"trainer.world_size={self.ranks}"]
+
+    def calibrate(self, out_dir: Path) -> Network:
+        """The shared link, with the per-message latency measured in the namespace."""
+        out = out_dir / "latency.json"
+        code = ("from gracecomm.experiments.launch import spawn; "
+                "from gracecomm.experiments.netbench import _calibrate; "
+                f"spawn(_calibrate, {self.ranks}, {str(out)!r}, timeout_s=120)")
+        in_namespace(self.namespace, ["-c", code], 180)
+        latency_us = float(json.loads(out.read_text())) * 1e6
+        return Network(float(self.cfg.bandwidth_mbps) / 1000, latency_us, shared=True)
+
+    def train(self, overrides: Sequence[str], run_dir: Path, timeout_s: float) -> None:
+        in_namespace(self.namespace, train_args(overrides, run_dir, timeout_s), timeout_s + 60)
+
+
+class Cluster:
+    """One namespace per node on a bridge, ranks started by torchrun (`EmulatedCluster`)."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+        self.link = Link(float(cfg.bandwidth_mbps), float(cfg.latency_ms),
+                         float(cfg.jitter_ms), float(cfg.loss_pct))
+        self.nodes, self.per_node = int(cfg.world_size), int(cfg.ranks_per_node)
+        self.ranks = self.nodes * self.per_node
+        self.cluster: EmulatedCluster | None = None
+
+    @contextlib.contextmanager
+    def up(self) -> Iterator[None]:
+        with EmulatedCluster(self.nodes, self.link, self.per_node,
+                             bool(self.cfg.pin_cpus)) as self.cluster:
+            yield
+
+    def overrides(self) -> list[str]:
+        return []
+
+    def calibrate(self, out_dir: Path) -> Network:
+        """The cluster's network: per-message latency from small allreduces, and the hosts'
+        rate (`Network.host_gbps`) from the part of a 1 MiB allreduce's time that the link
+        and the latency leave unexplained (none where they explain it all)."""
+        assert self.cluster is not None
+        out = out_dir / "calibration.json"
+        self.cluster.torchrun(["-m", "gracecomm.experiments.cluster_probe", "rank", str(out),
+                               "--allreduce", str(CALIBRATION_BYTES)],
+                              out_dir / "calibration", 600)
+        probe = json.loads(out.read_text())
+        link = Network(float(self.cfg.bandwidth_mbps) / 1000, probe["latency_s"] * 1e6,
+                       overhead=TCP_OVER_ETHERNET, broadcast="tree",
+                       ranks_per_node=self.per_node)
+        excess = probe["allreduce"][str(CALIBRATION_BYTES)] - link.time(
+            "allreduce", CALIBRATION_BYTES, self.ranks)
+        _, factor = link.terms("allreduce", self.ranks)
+        # factor counts wire bytes; the hosts' rate is per payload byte
+        host = 8 * factor / TCP_OVER_ETHERNET * CALIBRATION_BYTES / excess / 1e9
+        return replace(link, host_gbps=host if excess > 0 else None)
+
+    def train(self, overrides: Sequence[str], run_dir: Path, timeout_s: float) -> None:
+        assert self.cluster is not None
+        self.cluster.torchrun(train_args(overrides, run_dir, timeout_s), run_dir / "nodes",
+                              timeout_s + 120)
+
+
+TOPOLOGY = {"loopback": Loopback, "cluster": Cluster}
+
+
+def finished(run_dir: Path) -> Run:
     run = read_run(run_dir)
     if run is None:
-        raise RuntimeError(f"{run_dir}: the run wrote no summary (it did not finish)")
-    return run.steps
+        raise NetbenchError(f"{run_dir}: the run wrote no summary (it did not finish)")
+    return run
 
 
-def summarise(method: str, rounds: list[list[dict[str, Any]]],
-              network: Network) -> dict[str, Any]:
+def summarise(method: str, rounds: list[list[dict[str, Any]]], network: Network,
+              ranks: int) -> dict[str, Any]:
     """Medians over the measured steps of every round (`rounds`: each round's step records
-    after its warm-up), and the lowest and highest of the rounds' own median step times."""
+    after its warm-up) and of each step's projection on `network` at `ranks` ranks, and the
+    lowest and highest of the rounds' own median step times."""
     kept = [r for records in rounds for r in records]
-    label = network.label
     median = lambda key: statistics.median(r[key] for r in kept)  # noqa: E731
+    projected = [network.project(r, ranks) for r in kept]
+    label = network.label
     per_round = [statistics.median(r["step_s"] for r in records) for records in rounds]
+    comm_timed = "comm_s" in kept[0]
     return {"method": method, "step_s": median("step_s"),
             "round_step_s": [min(per_round), max(per_round)],
-            "projected_step_s": median(f"projected_step_s@{label}"),
-            "projected_dense_step_s": median(f"dense_step_s@{label}"),
-            "compute_s": median("compute_s"), "comm_timed": "comm_s" in kept[0],
-            "comm_s": median("comm_s") if "comm_s" in kept[0] else 0.0,
-            "wire_bytes": median("wire_bytes"), "steps": len(kept)}
+            "projected_step_s": statistics.median(p[f"projected_step_s@{label}"]
+                                                  for p in projected),
+            "projected_dense_step_s": statistics.median(p[f"dense_step_s@{label}"]
+                                                        for p in projected),
+            "compute_s": median("compute_s"), "comm_timed": comm_timed,
+            "comm_s": median("comm_s") if comm_timed else 0.0,
+            "overhead_s": statistics.median(sum(r.get(k, 0.0) for k in (
+                "compress_s", "decompress_s", "memory_s")) for r in kept),
+            "wire_bytes": median("wire_bytes"), "steps": len(kept),
+            "stats": {key: median(key) for key in STAT_KEYS if key in kept[0]}}
 
 
-def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
-    """(name, overrides) of every run, the baseline first, sync variants after their method."""
+def check_options(cfg: DictConfig) -> None:
+    """Every option's value, before any namespace is made."""
+    check_choice(cfg.topology, TOPOLOGIES, "netbench", "topology")
+    check_choice(cfg.goal, GOALS, "netbench", "goal")
     check_range(cfg.bandwidth_mbps, "netbench", "bandwidth_mbps", 0.0, low_open=True)
     check_range(cfg.latency_ms, "netbench", "latency_ms", 0.0)
     check_range(cfg.steps, "netbench", "steps", 1, integer=True)
     check_range(cfg.warmup_steps, "netbench", "warmup_steps", 0, integer=True)
     check_range(cfg.rounds, "netbench", "rounds", 1, integer=True)
     check_range(cfg.world_size, "netbench", "world_size", 2, integer=True)
-    presets = cfg.presets
-    names = [cfg.baseline] + [m for m in cfg.methods if m != cfg.baseline]
-    unknown = [m for m in names if m not in presets]
-    if unknown:
-        raise ConfigError(f"netbench: methods {unknown} have no preset; presets: "
-                          f"{', '.join(presets)} (add one with 'presets.NAME=[overrides]')")
+    if cfg.topology == "cluster":
+        Link(float(cfg.bandwidth_mbps), float(cfg.latency_ms), float(cfg.jitter_ms),
+             float(cfg.loss_pct))
+        check_size(int(cfg.world_size), int(cfg.ranks_per_node))
+    elif cfg.jitter_ms or cfg.loss_pct or cfg.ranks_per_node != 1:
+        raise ConfigError("netbench: jitter_ms, loss_pct and ranks_per_node are options of "
+                          "topology=cluster; topology=loopback takes world_size ranks and "
+                          "latency_ms")
+    acc = cfg.accuracy
+    check_range(acc.max_steps, "netbench", "accuracy.max_steps", 1, integer=True)
+    check_range(acc.eval_every_steps, "netbench", "accuracy.eval_every_steps", 1,
+                integer=True)
+    check_range(acc.target_fraction, "netbench", "accuracy.target_fraction", 0.0, 1.0,
+                low_open=True)
+    if acc.target_accuracy is not None:
+        check_range(acc.target_accuracy, "netbench", "accuracy.target_accuracy", 0.0, 1.0,
+                    low_open=True)
+
+
+def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
+    """(name, overrides) of every run, the baseline first, sync variants after their method
+    (``goal=step`` only)."""
+    check_options(cfg)
+    names = presets.check([str(cfg.baseline)] + [str(m) for m in cfg.methods
+                                                  if m != cfg.baseline], "netbench")
+    topology = TOPOLOGY[str(cfg.topology)](cfg)
     runs = []
     for name in names:
-        overrides = [*cfg.overrides, *presets[name], f"trainer.world_size={cfg.world_size}"]
+        overrides = [*cfg.overrides, *presets.overrides(name), *topology.overrides()]
         runs.append((name, overrides))
-        if cfg.also_sync and not any(o.startswith("trainer.exchange=") for o in presets[name]):
+        if cfg.also_sync and cfg.goal == "step" and presets.exchange(name) == "hook":
             runs.append((f"{name}_sync", [*overrides, "trainer.exchange=hook_sync"]))
     return runs
 
 
-def format_table(rows: list[dict[str, Any]], bandwidth_mbps: float) -> str:
-    """The table; a run whose exchange is not timed (plain DDP, no hook) has no projection
-    of its own: it is the dense baseline by definition."""
-    lines = [f"shaped loopback at {bandwidth_mbps:g} Mbit/s; medians over the measured steps "
-             "of every round (rounds: the lowest and highest round median)",
-             f"{'method':<16}{'step ms':>9}{'rounds ms':>13}{'dense ms':>10}{'measured':>10}"
-             f"{'projected':>11}{'proj. step ms':>15}{'KB/step':>9}"]
-    for r in rows:
-        low, high = (1e3 * t for t in r["round_step_s"])
-        projected = f"{1e3 * r['projected_step_s']:>15.1f}" if r["comm_timed"] else f"{'-':>15}"
-        lines.append(f"{r['method']:<16}{1e3 * r['step_s']:>9.1f}{f'{low:.1f}-{high:.1f}':>13}"
-                     f"{1e3 * r['dense_step_s']:>10.1f}{r['measured_speedup']:>9.2f}x"
-                     f"{r['projected_speedup']:>10.2f}x{projected}"
-                     f"{r['wire_bytes'] / 1000:>9.1f}")
-    return "\n".join(lines)
+def validate_runs(runs: list[tuple[str, list[str]]]) -> None:
+    """Compose and check every run's training config as the trainer will (bad options fail
+    here, before any namespace exists)."""
+    from gracecomm.experiments.train import validate
+    for name, overrides in runs:
+        try:
+            validate(presets.train_config(*overrides))
+        except ConfigError as err:
+            raise ConfigError(f"netbench: method '{name}': {err}") from None
+
+
+def measure_steps(cfg: DictConfig, topology: Any, runs: list[tuple[str, list[str]]],
+                  network: Network, out_dir: Path) -> list[dict[str, Any]]:
+    """``goal=step``: every run `rounds` times in turn, summarised."""
+    measured: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _ in runs}
+    warmup, steps = int(cfg.warmup_steps), int(cfg.steps)
+    for round_ in range(int(cfg.rounds)):  # methods in turn, so load drifts hit all alike
+        for name, overrides in runs:
+            run_dir = out_dir / f"{name}.{round_}"
+            topology.train([*overrides, *step_overrides(warmup + steps)], run_dir,
+                           float(cfg.timeout_s))
+            records = finished(run_dir).steps[warmup:]
+            measured[name].append(records)
+            step_ms = 1e3 * statistics.median(r["step_s"] for r in records)
+            print(f"round {round_ + 1}, {name}: {step_ms:.1f} ms/step", flush=True)
+    return [summarise(name, measured[name], network, topology.ranks) for name, _ in runs]
+
+
+def reference_accuracy(cfg: DictConfig, runs: list[tuple[str, list[str]]], ranks: int,
+                       out_dir: Path) -> dict[str, Any]:
+    """The baseline's final test accuracy after ``accuracy.max_steps`` steps, from a run of
+    `ranks` local workers on the unshaped loopback (the same arithmetic as on the cluster:
+    the link changes how long a step takes, not what it computes)."""
+    name, overrides = runs[0]
+    run_dir = out_dir / f"reference_{name}"
+    args = train_args([*overrides, *accuracy_overrides(cfg, None),
+                       f"trainer.world_size={ranks}"], run_dir, float(cfg.timeout_s))
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=float(cfg.timeout_s) + 60)
+    if done.returncode:
+        raise NetbenchError(f"the reference run of {name} failed:\n{done.stdout[-2000:]}"
+                            f"{done.stderr[-2000:]}")
+    run = finished(run_dir)
+    metric = run.summary["metric"]
+    final = float(run.summary[metric])
+    print(f"reference: {name} reaches test accuracy {final:.4f} after "
+          f"{cfg.accuracy.max_steps} steps (unshaped, {ranks} ranks)", flush=True)
+    return {"method": name, "final_accuracy": final, "steps": run.summary["steps"],
+            "curve": [[e["step"], e[metric]] for e in run.evals]}
+
+
+def compute_alone(cfg: DictConfig, out_dir: Path) -> float:
+    """The median compute time of a step of one rank alone on this machine (the dense
+    preset, unshaped, ``warmup_steps + steps`` steps, started by torchrun with one torch
+    thread as the cluster's ranks are): what each rank's compute takes without the others
+    contending for the CPUs."""
+    run_dir = out_dir / "alone"
+    args = train_args([*cfg.overrides, *presets.overrides("dense"),
+                       *step_overrides(int(cfg.warmup_steps) + int(cfg.steps))],
+                      run_dir, float(cfg.timeout_s))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=1", *args], capture_output=True, text=True,
+                          timeout=float(cfg.timeout_s) + 60,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode:
+        raise NetbenchError(f"the single-rank compute run failed:\n{done.stdout[-2000:]}"
+                            f"{done.stderr[-2000:]}")
+    records = finished(run_dir).steps[int(cfg.warmup_steps):]
+    return statistics.median(r["compute_s"] for r in records)
+
+
+def accuracy_overrides(cfg: DictConfig, target: float | None) -> list[str]:
+    acc = cfg.accuracy
+    return [f"trainer.max_steps={acc.max_steps}", "trainer.epochs=100000",
+            "trainer.eval_every=100000", f"trainer.eval_every_steps={acc.eval_every_steps}",
+            *([f"trainer.stop_at={target}"] if target is not None else [])]
+
+
+def time_to_target(run: Run, target: float, warmup: int) -> dict[str, Any]:
+    """The first evaluation at or above `target`: its training time and step; a run that
+    never reached it reports its whole training time and steps, with ``reached_target``
+    false."""
+    metric = run.summary["metric"]
+    evals = [e for e in run.evals if "train_time_s" in e]
+    hit = next((e for e in evals if e[metric] >= target), None)
+    last = evals[-1]
+    measured = run.steps[warmup:] or run.steps
+    return {"reached_target": hit is not None,
+            "time_to_target_s": (hit or last)["train_time_s"],
+            "steps_to_target": (hit or last)["step"],
+            "final_accuracy": float(last[metric]), "target_accuracy": target,
+            "curve": [[e["train_time_s"], e[metric], e["step"]] for e in evals],
+            "step_records": measured}
+
+
+def measure_accuracy(cfg: DictConfig, topology: Any, runs: list[tuple[str, list[str]]],
+                     network: Network, target: float, out_dir: Path) -> list[dict[str, Any]]:
+    """``goal=accuracy``: every run once, until `target` or the step limit."""
+    rows = []
+    warmup = int(cfg.warmup_steps)
+    for name, overrides in runs:
+        run_dir = out_dir / name
+        topology.train([*overrides, *accuracy_overrides(cfg, target)], run_dir,
+                       float(cfg.timeout_s))
+        tta = time_to_target(finished(run_dir), target, warmup)
+        records = tta.pop("step_records")
+        rows.append({**summarise(name, [records], network, topology.ranks), **tta})
+        print(f"{name}: {'reached' if tta['reached_target'] else 'missed'} {target:.4f} "
+              f"after {tta['steps_to_target']} steps, {tta['time_to_target_s']:.1f} s "
+              f"(final {tta['final_accuracy']:.4f})", flush=True)
+    return rows
+
+
+def provenance() -> dict[str, Any]:
+    """What produced the numbers: the command line, the commit, the machine's load."""
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True,
+                                  cwd=here).stdout.strip()
+        except OSError:  # no git: an installed package
+            return ""
+
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += " with uncommitted changes"
+    return {"command": " ".join(["gracecomm-netbench", *sys.argv[1:]]), "commit": commit,
+            "cpus": len(os.sched_getaffinity(0)), "load_before": list(os.getloadavg()),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def benchmark(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     runs = plan(cfg)
-    with sigterm_as_exit(), shaped_namespace(float(cfg.bandwidth_mbps),
-                                             float(cfg.latency_ms)) as namespace:
-        latency_us = calibrate_latency_us(namespace, int(cfg.world_size), out_dir)
-        network = Network(float(cfg.bandwidth_mbps) / 1000, latency_us, shared=True)
-        print(f"calibrated per-message latency: {latency_us:.0f} us", flush=True)
-        measured: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _ in runs}
-        warmup, steps = int(cfg.warmup_steps), int(cfg.steps)
-        for round_ in range(int(cfg.rounds)):  # methods in turn, so load drifts hit all alike
-            for name, overrides in runs:
-                records = run_method(namespace, overrides, out_dir / f"{name}.{round_}",
-                                     warmup + steps, network, float(cfg.timeout_s))
-                measured[name].append(records[warmup:])
-                step_ms = 1e3 * statistics.median(r["step_s"] for r in records[warmup:])
-                print(f"round {round_ + 1}, {name}: {step_ms:.1f} ms/step", flush=True)
-        rows = [summarise(name, measured[name], network) for name, _ in runs]
-    dense = rows[0]["step_s"]
+    validate_runs(runs)
+    topology = TOPOLOGY[str(cfg.topology)](cfg)
+    result: dict[str, Any] = {"provenance": provenance()}
+    target = None
+    if cfg.goal == "accuracy":
+        reference = None
+        target = cfg.accuracy.target_accuracy
+        if target is None:
+            reference = reference_accuracy(cfg, runs, topology.ranks, out_dir)
+            target = float(cfg.accuracy.target_fraction) * reference["final_accuracy"]
+            reference["target_fraction"] = float(cfg.accuracy.target_fraction)
+        result["reference"] = reference
+    alone = compute_alone(cfg, out_dir)
+    print(f"compute of one rank alone: {1e3 * alone:.1f} ms/step", flush=True)
+    with sigterm_as_exit(), topology.up():
+        network = topology.calibrate(out_dir)
+        latency_us = network.latency_us
+        host = (f"; the hosts move {network.host_gbps:.3g} Gbit/s of payload"
+                if network.host_gbps else "")
+        print(f"calibrated per-message latency: {latency_us:.0f} us{host}", flush=True)
+        if target is None:
+            rows = measure_steps(cfg, topology, runs, network, out_dir)
+        else:
+            rows = measure_accuracy(cfg, topology, runs, network, float(target), out_dir)
+    base = rows[0]
     for row in rows:
-        row["dense_step_s"] = dense
-        row["measured_speedup"] = dense / row["step_s"]
+        row["dense_step_s"] = base["step_s"]
+        row["measured_speedup"] = base["step_s"] / row["step_s"]
         row["projected_speedup"] = row["projected_dense_step_s"] / row["projected_step_s"]
-    return {"bandwidth_mbps": float(cfg.bandwidth_mbps), "latency_ms": float(cfg.latency_ms),
-            "latency_us_calibrated": latency_us, "world_size": int(cfg.world_size),
-            "runs": rows}
+        if target is not None and base["reached_target"]:
+            row["tta_speedup"] = base["time_to_target_s"] / row["time_to_target_s"]
+    result["provenance"]["load_after"] = list(os.getloadavg())
+    result.update({"bandwidth_mbps": float(cfg.bandwidth_mbps),
+                   "latency_ms": float(cfg.latency_ms), "topology": str(cfg.topology),
+                   "goal": str(cfg.goal), "world_size": int(cfg.world_size),
+                   "ranks_per_node": int(cfg.ranks_per_node), "ranks": topology.ranks,
+                   "latency_us_calibrated": latency_us, "compute_alone_s": alone,
+                   "network": {"overhead": network.overhead, "broadcast": network.broadcast,
+                               "shared": network.shared, "host_gbps": network.host_gbps},
+                   "runs": rows})
+    if target is not None:
+        result["target_accuracy"] = float(target)
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The step-time table, or with ``goal=accuracy`` the time-to-accuracy table. A run
+    whose exchange is not timed (plain DDP) has no projected step or compute time of its
+    own (``-``): the projection of its speedup is the dense baseline by definition."""
+    rows = result["runs"]
+    contention = ""
+    if "compute_alone_s" in result:
+        timed = [r["compute_s"] for r in rows if r["comm_timed"]]
+        cpus = result.get("provenance", {}).get("cpus", "?")
+        contention = (f"\n{result['ranks']} ranks on {cpus} CPUs: compute per step "
+                      f"{1e3 * min(timed, default=math.nan):.1f}-"
+                      f"{1e3 * max(timed, default=math.nan):.1f} ms (the slowest rank's) against "
+                      f"{1e3 * result['compute_alone_s']:.1f} ms for one rank alone"
+                      if timed else "")
+    where = (f"{result['world_size']} nodes x {result['ranks_per_node']} rank(s), each node "
+             f"its own link of {result['bandwidth_mbps']:g} Mbit/s"
+             if result.get("topology") == "cluster" else
+             f"shaped loopback at {result['bandwidth_mbps']:g} Mbit/s")
+    if result.get("goal") == "accuracy":
+        lines = [f"{where}; time to test accuracy {result['target_accuracy']:.4f} (training "
+                 f"wall-clock, evaluations excluded){contention}",
+                 f"{'method':<16}{'reached':>8}{'steps':>7}{'time s':>9}{'speedup':>9}"
+                 f"{'final acc':>10}{'step ms':>9}{'compute ms':>11}{'KB/step':>9}"]
+        for r in rows:
+            time_s = f"{'>' if not r['reached_target'] else ''}{r['time_to_target_s']:.1f}"
+            speedup = (f"{'<' if not r['reached_target'] else ''}{r['tta_speedup']:.2f}x"
+                       if "tta_speedup" in r else "-")
+            lines.append(f"{r['method']:<16}{'yes' if r['reached_target'] else 'no':>8}"
+                         f"{r['steps_to_target']:>7}{time_s:>9}{speedup:>9}"
+                         f"{r['final_accuracy']:>10.4f}{1e3 * r['step_s']:>9.1f}"
+                         + (f"{1e3 * r['compute_s']:>11.1f}" if r["comm_timed"] else
+                            f"{'-':>11}") + f"{r['wire_bytes'] / 1000:>9.1f}")
+        return "\n".join(lines)
+    lines = [f"{where}; medians over the measured steps of every round (rounds: the lowest "
+             f"and highest round median){contention}",
+             f"{'method':<16}{'step ms':>9}{'rounds ms':>13}{'dense ms':>10}{'measured':>10}"
+             f"{'projected':>11}{'proj. step ms':>15}{'compute ms':>11}{'KB/step':>9}"]
+    for r in rows:
+        low, high = (1e3 * t for t in r["round_step_s"])
+        timed = r["comm_timed"]
+        projected = f"{1e3 * r['projected_step_s']:>15.1f}" if timed else f"{'-':>15}"
+        compute = f"{1e3 * r['compute_s']:>11.1f}" if timed else f"{'-':>11}"
+        lines.append(f"{r['method']:<16}{1e3 * r['step_s']:>9.1f}{f'{low:.1f}-{high:.1f}':>13}"
+                     f"{1e3 * r['dense_step_s']:>10.1f}{r['measured_speedup']:>9.2f}x"
+                     f"{r['projected_speedup']:>10.2f}x{projected}{compute}"
+                     f"{r['wire_bytes'] / 1000:>9.1f}")
+    return "\n".join(lines)
+
+
+def plot_accuracy(result: dict[str, Any], path: Path) -> None:
+    """Test accuracy against training wall-clock time, every method on one figure."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row in result["runs"]:
+        times, accs = [c[0] for c in row["curve"]], [c[1] for c in row["curve"]]
+        ax.plot(times, accs, marker=".", label=row["method"])
+    ax.axhline(result["target_accuracy"], color="grey", linestyle="--", linewidth=1,
+               label=f"target {result['target_accuracy']:.3f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("training wall-clock time (s, log scale; evaluations excluded)")
+    ax.set_ylabel("test accuracy")
+    where = ("cluster" if result["topology"] == "cluster" else "loopback")
+    ax.set_title(f"{where}: {result['world_size']} x {result['ranks_per_node']} rank(s), "
+                 f"{result['bandwidth_mbps']:g} Mbit/s")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+JSON_KEYS = ("method", "step_s", "dense_step_s", "measured_speedup", "projected_speedup")
+TTA_KEYS = ("time_to_target_s", "target_accuracy", "final_accuracy", "reached_target",
+            "steps_to_target", "tta_speedup")
+
+
+def last_line(result: dict[str, Any]) -> dict[str, Any]:
+    """The JSON object of the last output line (module docstring)."""
+    keys = JSON_KEYS + (TTA_KEYS if result.get("goal") == "accuracy" else ())
+    return {"bandwidth_mbps": result["bandwidth_mbps"], "topology": result["topology"],
+            "world_size": result["world_size"],
+            "runs": [{k: r[k] for k in keys if k in r} for r in result["runs"]]}
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="netbench")
@@ -269,15 +621,18 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         result = benchmark(cfg, out_dir)
-    except NetbenchError as err:
+    except ConfigError as err:
+        print(f"netbench: {err}", file=sys.stderr)
+        sys.exit(1)
+    except (NetbenchError, ClusterError) as err:
         print(f"netbench: {err}", file=sys.stderr)
         sys.exit(2)
     (out_dir / "netbench.json").write_text(json.dumps(result, indent=1))
-    print(format_table(result["runs"], result["bandwidth_mbps"]))
-    print(json.dumps({"bandwidth_mbps": result["bandwidth_mbps"],
-                      "runs": [{k: r[k] for k in ("method", "step_s", "dense_step_s",
-                                                  "measured_speedup", "projected_speedup")}
-                               for r in result["runs"]]}))
+    print(format_table(result))
+    if result["goal"] == "accuracy":
+        plot_accuracy(result, out_dir / "accuracy_vs_time.png")
+        print(f"plot: {out_dir / 'accuracy_vs_time.png'}")
+    print(json.dumps(last_line(result)))
 
 
 if __name__ == "__main__":

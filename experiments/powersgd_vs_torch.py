@@ -6,8 +6,9 @@ overridden), PyTorch's hook with ``trainer.exchange=torch``:
     python -m gracecomm.experiments.powersgd_vs_torch                      # rank 2, 2 workers
     python -m gracecomm.experiments.powersgd_vs_torch --rank 4 trainer.epochs=3 model=mlp
 
-Both PowerSGD runs use PyTorch's settings (``start_iter`` 2: two dense steps first, error
-feedback against the mean over ranks, warm start, the same seed), so at rank 2 they train to
+Both PowerSGD runs use PyTorch's settings (the presets ``powersgd_parity`` and
+``torch_powersgd``: ``start_iter`` 2, two dense steps first, error feedback against the mean
+over ranks, warm start, the same seed), so at rank 2 they train to
 the same bits (tests/test_powersgd_parity.py). Bytes per step are payload bytes per rank: for
 this library what its communicators count, for PyTorch's hook the tensors it hands to
 ``dist.all_reduce``.
@@ -23,16 +24,15 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from gracecomm.experiments import presets
 from gracecomm.experiments.launch import spawn
 from gracecomm.experiments.report import read_run
 from gracecomm.experiments.train import compose_config, train_worker
 
-MODES = {  # mode -> training overrides (besides the rank)
-    "none": ["compressor=none"],
-    "gracecomm": ["compressor=powersgd", "compressor.start_iter=2", "memory=residual",
-                  "memory.reference=mean"],
-    "torch hook": ["compressor=powersgd", "compressor.start_iter=2", "memory=residual",
-                   "memory.reference=mean", "trainer.exchange=torch"],
+MODES = {  # mode -> the method preset it trains (configs/method/)
+    "none": "dense",
+    "gracecomm": "powersgd_parity",
+    "torch hook": "torch_powersgd",
 }
 
 
@@ -42,7 +42,7 @@ def compare(overrides: list[str], r: int = 2,
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for mode in modes:
-            cfg = compose_config(*MODES[mode],
+            cfg = compose_config(*presets.overrides(MODES[mode]),
                                  *([f"compressor.rank={r}"] if mode != "none" else []),
                                  "trainer.progress=false", *overrides)
             run_dir = Path(tmp) / mode.replace(" ", "_")

@@ -167,6 +167,9 @@ def validate(cfg: DictConfig) -> None:
     check_range(t.timeout_s, "trainer", "timeout_s", 0.0, low_open=True)
     check_range(t.collective_timeout_s, "trainer", "collective_timeout_s", 0.0, low_open=True)
     check_range(t.eval_every, "trainer", "eval_every", 1, integer=True)
+    check_range(t.eval_every_steps, "trainer", "eval_every_steps", 0, integer=True)
+    if t.stop_at is not None:
+        check_range(t.stop_at, "trainer", "stop_at", -math.inf)
     if t.max_steps is not None:
         check_range(t.max_steps, "trainer", "max_steps", 1, integer=True)
     check_choice(t.backend, ("auto", "gloo", "nccl"), "trainer", "backend")
@@ -457,20 +460,33 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                         grace.state_dict(), totals, fingerprint,
                         logger.state_dict() if logger is not None else {})
 
+    clock = TrainingClock()
+
     def evaluate_now(epoch: int) -> dict[str, float]:
+        clock.pause()
         if not per_bucket:
             broadcast_state(model, parameters=False)
         evals = evaluate(model, data.test, task, rank, world_size, device, t.batch_size)
         watch.evaluated(step, epoch, evals[task.metric])
         evals["state_bytes"] = tensor_bytes(grace.state_dict())
         evals["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        evals["train_time_s"] = clock.elapsed()
         if logger is not None:
             logger.log({"type": "eval", "step": step, "epoch": epoch, **evals})
+        clock.resume()
         return evals
 
-    step, evals, save_at = position.step, {}, None
+    def reached(evals: dict[str, float]) -> bool:
+        """Whether the test metric reached ``trainer.stop_at`` (every rank agrees: the
+        evaluation's sums are added over the ranks)."""
+        if t.stop_at is None or not evals:
+            return False
+        value = evals[task.metric]
+        return value >= t.stop_at if task.higher_is_better else value <= t.stop_at
+
+    step, evals, save_at, evaluated_at = position.step, {}, None, None
     for epoch in range(position.epoch, t.epochs):
-        if step >= total_steps:
+        if step >= total_steps or reached(evals):
             break
         sampler.set_epoch(epoch)
         grace.set_epoch(epoch)
@@ -483,9 +499,9 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
             for _ in range(skip):
                 next(batches)
         for batch_index, (x, y) in enumerate(batches, start=skip):
-            if step >= total_steps:
+            if step >= total_steps or reached(evals):
                 break
-            start = time.perf_counter()
+            start = clock.start()
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
             try:
@@ -521,8 +537,13 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                 progress.set_postfix(loss=f"{loss_value:.3f}",
                                      factor=f"{stats.get('compression_factor', 1):.1f}x")
                 progress.update(1)
-        if (epoch + 1) % t.eval_every == 0 or epoch == t.epochs - 1 or step >= total_steps:
-            evals = evaluate_now(epoch)
+            if t.eval_every_steps and step % t.eval_every_steps == 0:
+                evals, evaluated_at = evaluate_now(epoch), step
+                if reached(evals):
+                    break
+        due = (epoch + 1) % t.eval_every == 0 or epoch == t.epochs - 1 or step >= total_steps
+        if due and evaluated_at != step:
+            evals, evaluated_at = evaluate_now(epoch), step
         if save_at is not None:
             save(save_at)
     if not evals:  # resumed from the end of the run
@@ -542,6 +563,36 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
         print(format_summary(summary, run_dir), flush=True)
         if summary["collapse"]:
             print(f"!! {summary['collapse']['message']}", flush=True)
+
+
+class TrainingClock:
+    """Wall-clock seconds of training since the first step began, evaluations excluded
+    (the time-to-accuracy clock of ``trainer.eval_every_steps`` runs)."""
+
+    def __init__(self) -> None:
+        self.origin: float | None = None
+        self.paused_s, self.paused_at = 0.0, None
+
+    def start(self) -> float:
+        """The start of a step (now); the first one starts the clock."""
+        now = time.perf_counter()
+        if self.origin is None:
+            self.origin = now
+        return now
+
+    def pause(self) -> None:
+        self.paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        if self.paused_at is not None:
+            self.paused_s += time.perf_counter() - self.paused_at
+            self.paused_at = None
+
+    def elapsed(self) -> float:
+        if self.origin is None:
+            return 0.0
+        end = self.paused_at if self.paused_at is not None else time.perf_counter()
+        return end - self.origin - self.paused_s
 
 
 def slowest(seconds: float, device: torch.device) -> float:

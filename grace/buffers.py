@@ -81,6 +81,11 @@ def _numpy_backed(numel: int, dtype: torch.dtype, device: torch.device | str) ->
     return torch.device(device).type == "cpu" and numel * dtype.itemsize >= HUGE_PAGE_MIN
 
 
+def recycled(t: torch.Tensor) -> bool:
+    """Whether `dense_empty_like(t)` lends a recycled buffer (a CPU tensor from 4 MiB)."""
+    return _numpy_backed(t.numel(), t.dtype, t.device)
+
+
 def dense_empty(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """An uninitialised 1-D tensor for a decompressed output; on the CPU, from 4 MiB, a
     numpy buffer lent by `_Recycler` (a fresh 26M-element float32 ``torch.empty``, which

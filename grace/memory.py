@@ -10,6 +10,7 @@ compressor, ctx, mean)`` once the exchange has returned the mean over ranks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -63,6 +64,19 @@ class Memory(Stateful, ABC):
                     mean: torch.Tensor) -> None:
         """After the exchange (memories with ``wants_mean``): `tensor` is what `compensate`
         returned, `mean` the mean over ranks the exchange returned for it."""
+
+    def compensate_many(self, named: Sequence[tuple[str, torch.Tensor]]
+                        ) -> list[tuple[str, torch.Tensor]]:
+        """`compensate` for each (name, tensor) of one call, in order; a memory may do it in
+        fewer calls (one per call instead of one per tensor) with the same result."""
+        return [(name, self.compensate(tensor, name)) for name, tensor in named]
+
+    def update_mean_many(self, named: Sequence[tuple[str, torch.Tensor]],
+                         compressor: Compressor, ctxs: Sequence[Any],
+                         means: Sequence[torch.Tensor]) -> None:
+        """`update_mean` for each tensor of one call (as `compensate_many`)."""
+        for (name, tensor), ctx, mean in zip(named, ctxs, means):
+            self.update_mean(tensor, name, compressor, ctx, mean)
 
     def set_local_norm(self, norm: float) -> None:
         """The norm of all local gradients of the step, given by the pipeline before any of

@@ -7,19 +7,47 @@ communicators record it, see `Communicator.collective`):
 
 | kind | n | time |
 |---|---|---|
-| ``allreduce`` (ring: reduce-scatter + allgather) | bytes of the vector | 2(N-1) alpha + 2(N-1)/N n/B |
-| ``allgather`` (ring) | bytes gathered, N x the per-rank block | (N-1) alpha + (N-1)/N n/B |
+| ``allreduce`` (ring: reduce-scatter, allgather) | vector bytes | 2(N-1) alpha + 2(N-1)/N n/B |
+| ``allgather`` (ring) | bytes gathered, N x a rank's | (N-1) alpha + (N-1)/N n/B |
 | ``broadcast`` (pipelined ring) | bytes broadcast | (N-1) alpha + n/B |
-| ``ps_push`` (workers -> server; the server's link carries all) | bytes the server receives | alpha + n/B |
+| ``ps_push`` (workers -> server) | bytes the server receives | alpha + n/B |
 | ``ps_pull`` (server -> workers) | bytes the server sends | alpha + n/B |
 
 That is the switched case: every rank has a full-duplex link of bandwidth B of its own (a
-cluster). With ``shared=True`` every rank's traffic crosses one link of bandwidth B (a hub,
-or the one loopback interface that `gracecomm.experiments.netbench` shapes on a single
-machine): the bandwidth term is then the bytes all ranks send, N times the switched term for
-the ring collectives (each rank sends 2(N-1)/N n for an allreduce, (N-1)/N n for an
-allgather, and N-1 ranks forward a broadcast), and unchanged for the parameter server, whose
-link already carries everything.
+cluster). Gloo, PyTorch's CPU backend, runs these algorithms for allreduce (a ring of
+reduce-scatter and allgather, `gloo/allreduce.cc`) and allgather, but broadcasts along a
+binomial tree (`gloo/broadcast.cc`: the root sends the whole message to ceil(log2 N)
+peers, each receiver forwards it on): with ``broadcast="tree"`` a broadcast costs
+ceil(log2 N) (alpha + n/B), and so does a parameter server's reply (``ps_pull``, one
+broadcast of n/(N-1) bytes per receiver).
+
+With ``ranks_per_node`` R > 1 the N ranks sit on N/R nodes, each node one link: a ring's
+neighbours on one node talk over the node's loopback, and each node's link carries one
+ring stream each way, as with one rank per node (the ring's time is unchanged, with N the
+number of ranks); a parameter server's link carries the traffic of the N - R ranks on
+other nodes only.
+
+With ``shared=True`` every rank's traffic crosses one link of bandwidth B (a hub, or the one
+loopback interface that `gracecomm.experiments.netbench` shapes on a single machine): the
+bandwidth term is then the bytes all ranks send, N times the switched term for the ring
+collectives (each rank sends 2(N-1)/N n for an allreduce, (N-1)/N n for an allgather, and
+N-1 ranks forward a broadcast), and unchanged for the parameter server, whose link already
+carries everything.
+
+``overhead`` is the bytes a link carries per payload byte: 1 counts payload only. Over TCP
+on Ethernet with a 1500-byte MTU (`TCP_OVER_ETHERNET`), a frame of 1514 bytes (as a shaper
+counts it: Ethernet header, IP and TCP headers with timestamps) carries 1448 payload bytes;
+the acknowledgements a link sends for what it receives add little more, as the receiver
+coalesces segments before acknowledging them (the emulated cluster's links carried 1.047
+to 1.049 bytes per payload byte of Gloo's ring allreduce at 2 and 4 nodes:
+``python -m gracecomm.experiments.cluster_probe sweep``, ``wire_per_payload``).
+
+``host_gbps`` is what moving the bytes costs the hosts: Gloo copies and reduces every
+segment on the ranks' CPUs and the kernel carries every frame, and where CPUs are scarce
+(many ranks sharing few cores, as on the emulated cluster) a collective takes longer than
+its link needs, most at high link rates. Each payload byte then costs 8 / host_gbps ns on
+top of the link's time; `gracecomm.experiments.netbench` calibrates it on the cluster from
+one allreduce of 1 MiB (the time the link and the latency do not explain).
 
 A step with several collectives of a kind adds their times; since each time is linear in n,
 the sum is calls x latency term + (bandwidth factor) x total bytes / B. The projected step
@@ -35,12 +63,15 @@ Per-step statistics read here (written by communicators and the pipeline):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gracecomm.validation import ConfigError, check_range
+from gracecomm.validation import ConfigError, check_choice, check_range
 
 KINDS = ("allreduce", "allgather", "broadcast", "ps_push", "ps_pull")
+BROADCASTS = ("ring", "tree")
+TCP_OVER_ETHERNET = 1514 / 1448  # wire bytes per payload byte (module docstring)
 OVERHEAD_KEYS = ("compress_s", "decompress_s", "memory_s")
 
 
@@ -81,38 +112,58 @@ def check_kind(kind: str) -> str:
 class Network:
     """A homogeneous network: every rank has a link of `bandwidth_gbps` (10^9 bits/s) and
     each message pays `latency_us` microseconds; with `shared`, all ranks' traffic crosses
-    one such link (module docstring)."""
+    one such link; `overhead` wire bytes per payload byte; broadcasts along a pipelined
+    ``ring`` or Gloo's binomial ``tree``; `ranks_per_node` ranks share each node's link;
+    `host_gbps`, where given, the rate at which the ranks' CPUs move payload through a
+    collective, paid on top of the link's (module docstring)."""
 
     bandwidth_gbps: float
     latency_us: float
     shared: bool = False
+    overhead: float = 1.0
+    broadcast: str = "ring"
+    ranks_per_node: int = 1
+    host_gbps: float | None = None
 
     def __post_init__(self) -> None:
         check_range(self.bandwidth_gbps, "network", "bandwidth_gbps", 0.0, low_open=True)
         check_range(self.latency_us, "network", "latency_us", 0.0)
+        check_range(self.overhead, "network", "overhead", 1.0)
+        if self.host_gbps is not None:
+            check_range(self.host_gbps, "network", "host_gbps", 0.0, low_open=True)
+        check_choice(self.broadcast, BROADCASTS, "network", "broadcast")
+        check_range(self.ranks_per_node, "network", "ranks_per_node", 1, integer=True)
 
     @property
     def label(self) -> str:
         """``0.1Gbps``, ``1Gbps``, ``10Gbps``: the suffix of this network's keys."""
         return f"{self.bandwidth_gbps:g}Gbps"
 
-    def time(self, kind: str, nbytes: float, world_size: int, calls: float = 1) -> float:
-        """Seconds for `calls` collectives of `kind` moving `nbytes` in total (module table)."""
+    def terms(self, kind: str, world_size: int) -> tuple[float, float]:
+        """(messages per call, link bytes per recorded byte) of `kind` at `world_size`
+        ranks (module table)."""
         n = world_size
-        if n <= 1 or calls == 0:
-            return 0.0
-        alpha = self.latency_us * 1e-6
-        beta = 8.0 / (self.bandwidth_gbps * 1e9)  # seconds per byte
-        latency_terms, bandwidth_factor = {
+        tree = math.ceil(math.log2(n))
+        remote = (n - min(self.ranks_per_node, n)) / (n - 1)  # a server's remote share
+        messages, factor = {
             "allreduce": (2 * (n - 1), 2 * (n - 1) / n),
             "allgather": (n - 1, (n - 1) / n),
-            "broadcast": (n - 1, 1.0),
-            "ps_push": (1, 1.0),
-            "ps_pull": (1, 1.0),
+            "broadcast": (n - 1, 1.0) if self.broadcast == "ring" else (tree, tree),
+            "ps_push": (1, remote),
+            "ps_pull": (1, remote) if self.broadcast == "ring" else (tree, tree / (n - 1)),
         }[check_kind(kind)]
         if self.shared and not kind.startswith("ps_"):
-            bandwidth_factor *= n
-        return calls * latency_terms * alpha + bandwidth_factor * nbytes * beta
+            factor *= n
+        return messages, factor * self.overhead
+
+    def time(self, kind: str, nbytes: float, world_size: int, calls: float = 1) -> float:
+        """Seconds for `calls` collectives of `kind` moving `nbytes` in total (module table)."""
+        if world_size <= 1 or calls == 0:
+            return 0.0
+        messages, factor = self.terms(kind, world_size)
+        beta = 8.0 / (self.bandwidth_gbps * 1e9)  # seconds per byte on the link
+        host = 0.0 if self.host_gbps is None else 8.0 / (self.host_gbps * 1e9) / self.overhead
+        return calls * messages * self.latency_us * 1e-6 + factor * nbytes * (beta + host)
 
     def comm_time(self, stats: Mapping[str, float], world_size: int) -> float:
         """Modelled seconds of every collective recorded in `stats`."""
@@ -131,6 +182,21 @@ class Network:
                 f"projected_step_s@{self.label}": projected,
                 f"dense_step_s@{self.label}": dense,
                 f"speedup@{self.label}": dense / projected if projected > 0 else 1.0}
+
+
+def at_world_size(stats: Mapping[str, float], measured_at: int,
+                  world_size: int) -> dict[str, float]:
+    """Per-step statistics recorded at `measured_at` ranks as they would be at `world_size`
+    ranks, the per-rank payloads unchanged: an allgather's bytes grow with the ranks whose
+    blocks it gathers, a parameter server's with its N - 1 workers; allreduce and
+    broadcast bytes, calls and every other statistic stay."""
+    scaled = dict(stats)
+    for kind, factor in (("allgather", world_size / measured_at),
+                         ("ps_push", (world_size - 1) / max(1, measured_at - 1)),
+                         ("ps_pull", (world_size - 1) / max(1, measured_at - 1))):
+        if bytes_key(kind) in scaled:
+            scaled[bytes_key(kind)] *= factor
+    return scaled
 
 
 def networks(bandwidths_gbps: Iterable[float] | float, latency_us: float,

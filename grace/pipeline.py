@@ -129,7 +129,7 @@ class Grace(Stateful):
         # detached: no state a part keeps may hold an autograd graph
         live = [(name, grad.detach().contiguous()) for name, grad in named if grad.numel()]
         with metrics.timer("memory_s"):
-            compensated = [(name, self.memory.compensate(grad, name)) for name, grad in live]
+            compensated = self.memory.compensate_many(live)
         runs = contiguous_runs([t for _, t in compensated])
         finite = self.finite(live, compensated, runs)
         if not finite:  # compressed as zeros; the step's state is restored at `end_step`
@@ -215,8 +215,8 @@ class Grace(Stateful):
             return [torch.full_like(t, math.nan) for _, t in compensated]
         if self.memory.wants_mean:
             with metrics.timer("memory_s"):
-                for (name, tensor), (_, ctx, _), mean in zip(compensated, items, means):
-                    self.memory.update_mean(tensor, name, self.compressor, ctx, mean)
+                self.memory.update_mean_many(compensated, self.compressor,
+                                             [ctx for _, ctx, _ in items], means)
         return means
 
     def _run_rounds(self, compensated: Named, runs: Sequence[range], link: Link) -> Rounds:

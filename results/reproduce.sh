@@ -21,7 +21,9 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
   sparse_model every_method bench_sidco bench_sidco_resnet20 sidco_bound bench_receive \
   bench_quantizers bench_deepreduce bench_fig10 natural_table1 variance grace_reference \
-  powersgd_vs_torch hook long_run netbench bench_lgc lgc_phase3 netbench_lgc bench_quality)
+  powersgd_vs_torch hook long_run netbench bench_lgc lgc_phase3 netbench_lgc bench_quality \
+  cluster_step cluster_pinning cluster_model cluster_collectives cluster_tta cluster_tta8 \
+  cluster_projection)
 
 run() {  # run CMD...: one command of the current step, recorded in its stamp
   python results/stamp.py command "$step" -- "$@"
@@ -55,7 +57,15 @@ store() {  # store NAME [VAR=VALUE...] CMD ARGS...: one gracecomm-bench or grace
   rm -rf "$dir"
   run "${cmd[@]}" | tee "results/$step/$name.txt"
   cp "$dir/${1#gracecomm-}.json" "results/$step/$name.json"
+  local png
+  for png in "$dir"/*.png; do [ -e "$png" ] && cp "$png" "results/$step/${name}_$(basename "$png")"; done
+  return 0
 }
+
+# the methods of the time-to-accuracy runs (docs/cluster.md), and the harder data they use
+TTA_METHODS='methods=[ddp,torch_fp16,torch_powersgd,dense,fp16,topk,dgc,sidco_e,natural,qsgd,powersgd,efsignsgd,randomk,dr_bf_p0]'
+TTA_DATA='overrides=["model=resnet20","data=prototypes","data.noise=3"]'
+MODEL_METHODS='methods=[ddp,fp16,torch_fp16,topk,dgc,randomk,powersgd_parity,torch_powersgd]'
 
 for step in "${steps[@]}"; do
   echo "=== $step"
@@ -117,7 +127,7 @@ for step in "${steps[@]}"; do
     netbench)  # needs root and iproute2: a shaped loopback in a private network namespace
       store 100mbit gracecomm-netbench
       store 1000mbit gracecomm-netbench bandwidth_mbps=1000
-      store buckets gracecomm-netbench rounds=2 'methods=[ddp,none,fp16,topk,torch_fp16]' \
+      store buckets gracecomm-netbench rounds=2 'methods=[ddp,dense,fp16,topk,torch_fp16]' \
         'overrides=["model=resnet20","data=prototypes","trainer.bucket_cap_mb=0.25"]' ;;
     bench_lgc)  # LGC's phase-3 step without the model, int32 and varint index streams
       for coding in int32 varint; do
@@ -132,11 +142,44 @@ for step in "${steps[@]}"; do
       run python -m gracecomm.experiments.lgc_report "$OUT/lgc_phase3" "$OUT/lgc_phase3_varint" \
         | tee results/lgc_phase3/phases.md ;;
     netbench_lgc)  # needs root: LGC-RAR's phase 3 against Top-k on a shaped link
-      store 100mbit gracecomm-netbench 'methods=[ddp,topk,lgc_rar]' also_sync=false rounds=2
+      lgc='overrides=[model=resnet20,data=prototypes,+experiment.warmup_iters=1,+experiment.ae_train_iters=2]'
+      store 100mbit gracecomm-netbench 'methods=[ddp,topk,lgc_rar]' also_sync=false rounds=2 "$lgc"
       store 10mbit gracecomm-netbench 'methods=[ddp,topk,lgc_rar]' also_sync=false rounds=2 \
-        bandwidth_mbps=10 steps=20 ;;
+        bandwidth_mbps=10 steps=20 "$lgc" ;;
     bench_quality)  # the threshold sparsifiers' estimation quality: the bench's defaults
       store bench gracecomm-bench ;;
+    cluster_step)  # needs root: 4 nodes, each its own 100 Mbit/s link, ranks by torchrun
+      store 4n_100mbit gracecomm-netbench topology=cluster world_size=4 bandwidth_mbps=100 \
+        'methods=[ddp,dense,fp16,torch_fp16,topk,powersgd,powersgd_parity,torch_powersgd]' ;;
+    cluster_pinning)  # do pinned ranks steady the timings? the rounds' spread, pinned or not
+      for pin in true false; do
+        store "pin_$pin" gracecomm-netbench topology=cluster world_size=4 bandwidth_mbps=100 \
+          pin_cpus=$pin also_sync=false rounds=5 steps=20 'methods=[ddp,topk,powersgd_parity]'
+      done ;;
+    cluster_model)  # the cost model at 2, 4, 8 nodes and 10, 100, 1000 Mbit/s; the crossover
+      for mbit in 10 100 1000; do
+        for n in 2 4 8; do
+          store "${n}n_${mbit}mbit" gracecomm-netbench topology=cluster world_size=$n \
+            bandwidth_mbps=$mbit also_sync=false rounds=1 steps=15 warmup_steps=5 "$MODEL_METHODS"
+        done
+      done
+      run python -m gracecomm.experiments.cluster_report results/cluster_model/crossover.png \
+        results/cluster_model/{2,4,8}n_100mbit.json ;;
+    cluster_collectives)  # Gloo's allreduce and allgather alone, against the model
+      run python -m gracecomm.experiments.cluster_probe sweep \
+        results/cluster_collectives/collectives.json --nodes 2 4 8 --mbit 10 100 1000 ;;
+    cluster_tta)  # time to accuracy, 4 nodes at 10 and 100 Mbit/s
+      for mbit in 10 100; do
+        store "4n_${mbit}mbit" gracecomm-netbench topology=cluster goal=accuracy world_size=4 \
+          bandwidth_mbps=$mbit "$TTA_METHODS" "$TTA_DATA"
+      done ;;
+    cluster_tta8)  # time to accuracy, 8 nodes at 100 Mbit/s (8 ranks on this machine's CPUs)
+      store 8n_100mbit gracecomm-netbench topology=cluster goal=accuracy world_size=8 \
+        bandwidth_mbps=100 "$TTA_METHODS" "$TTA_DATA" timeout_s=1800 ;;
+    cluster_projection)  # past this machine; steps to target from cluster_tta at 100 Mbit/s
+      run python -m gracecomm.experiments.cluster_projection \
+        results/cluster_projection/projection.json --tta results/cluster_tta/4n_100mbit.json \
+        --plot results/cluster_projection/projection.png | tee results/cluster_projection/projection.txt ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;
   esac
   python results/stamp.py end "$step"

@@ -32,12 +32,13 @@ def namespaces() -> list[str]:
 
 
 def test_plan_puts_the_baseline_first_and_sync_variants_after_their_method():
-    names = [name for name, _ in plan(config(methods=["topk", "ddp", "torch_fp16"]))]
-    assert names == ["ddp", "topk", "topk_sync", "torch_fp16"]  # PyTorch's hooks: no sync twin
+    runs = plan(config(methods=["topk", "ddp", "torch_fp16"]))
+    assert [name for name, _ in runs] == ["ddp", "topk", "topk_sync", "torch_fp16"]  # PyTorch's
+    assert dict(runs)["topk"][-2:] == ["+method=topk", "trainer.world_size=2"]  # hooks: no twin
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"methods": ["ddp", "topkk"]}, r"methods \['topkk'\] have no preset"),
+    ({"methods": ["ddp", "topkk"]}, r"'methods' names \['topkk'\], which are not method presets"),
     ({"rounds": 0}, "rounds"),
     ({"bandwidth_mbps": 0}, "bandwidth_mbps"),
     ({"world_size": 1}, "world_size"),
@@ -50,11 +51,14 @@ def test_bad_options_are_named(options, message):
 def test_a_run_without_its_own_exchange_timing_shows_no_projection():
     row = {"method": "ddp", "step_s": 0.2, "round_step_s": [0.19, 0.21], "dense_step_s": 0.2,
            "measured_speedup": 1.0, "projected_speedup": 1.0, "projected_step_s": 0.4,
-           "comm_timed": False, "wire_bytes": 1.0e6}
-    timed = {**row, "method": "topk", "comm_timed": True, "projected_step_s": 0.03}
-    table = format_table([row, timed], 100).splitlines()
+           "comm_timed": False, "wire_bytes": 1.0e6, "compute_s": 0.2}
+    timed = {**row, "method": "topk", "comm_timed": True, "projected_step_s": 0.03,
+             "compute_s": 0.025}
+    table = format_table({"bandwidth_mbps": 100, "topology": "loopback",
+                          "runs": [row, timed]}).splitlines()
     assert table[2].split()[:3] == ["ddp", "200.0", "190.0-210.0"] and "400.0" not in table[2]
-    assert table[3].split()[6] == "30.0"
+    assert table[2].split()[6:8] == ["-", "-"]  # no projected step, no compute of its own
+    assert table[3].split()[6:8] == ["30.0", "25.0"]
 
 
 def netbench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -62,6 +66,7 @@ def netbench(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
                           capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not ROOT, reason="needs root and iproute2 (ip, tc) for a network namespace")
 def test_a_shaped_run_prints_its_json_and_removes_its_namespace(tmp_path):
@@ -77,10 +82,11 @@ def test_a_shaped_run_prints_its_json_and_removes_its_namespace(tmp_path):
         assert {"step_s", "dense_step_s", "measured_speedup", "projected_speedup"} <= set(run)
     assert result["runs"][0]["measured_speedup"] == 1.0
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name[0] != ".") == [
-        "ddp.0", "ddp.1", "topk.0", "topk.1"]  # the methods ran in turn, twice
+        "alone", "ddp.0", "ddp.1", "topk.0", "topk.1"]  # the methods ran in turn, twice
     assert namespaces() == before
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root, the tools are what is missing")
 def test_without_iproute2_it_says_so_and_makes_no_namespace(tmp_path):
     before = namespaces() if ROOT else []

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import gracecomm
-from gracecomm.compressors.powersgd import PowerSGD, orthonormalize
+from gracecomm.compressors.powersgd import PowerSGD, next_value, orthonormalize
 from gracecomm.validation import IncompatibleError, PayloadError
 
 
@@ -89,3 +89,38 @@ def layout_rounds(rank, world_size):
 def test_layout_is_agreed_once_per_phase():
     from tests.helpers import run_ranks
     run_ranks(layout_rounds, 2)
+
+
+def test_local_error_is_the_difference_with_the_decompressed_payload():
+    """`subtract_decompressed` (residual memory's update with reference own) gives the bits
+    of t - decompress(payload) without keeping the local Q as the warm start."""
+    from gracecomm.buffers import difference
+    comp = PowerSGD(rank=2)
+    torch.manual_seed(0)
+    named = [("w", torch.randn(16, 3, 3, 3)), ("b", torch.randn(16))]
+    for (_, t), (payload, ctx) in zip(named, next_value(comp.compress_rounds(named, None))):
+        kept = dict(comp.q)
+        local = comp.subtract_decompressed(t, payload, ctx)
+        assert comp.q == kept  # the warm start is the aggregate's, set by decompress
+        assert torch.equal(local, difference(t, comp.decompress(payload, ctx)))
+
+
+def test_batched_memory_calls_give_the_per_tensor_results():
+    """Residual memory's `compensate_many` / `update_mean_many` (one foreach call for the
+    small tensors) equal `compensate` / `update_mean` tensor by tensor."""
+    from gracecomm.memories.residual import ResidualMemory
+    torch.manual_seed(0)
+    named = [(f"t{i}", torch.randn(s)) for i, s in enumerate([(8, 4), (8,), (3, 3, 2)])]
+    means = [torch.randn_like(t) for _, t in named]
+    comp = PowerSGD(rank=1)
+    ctxs = [ctx for _, ctx in next_value(comp.compress_rounds(named, None))]
+    one, many = ResidualMemory(beta=0.5, reference="mean"), ResidualMemory(beta=0.5,
+                                                                            reference="mean")
+    for _ in range(2):  # the first call has no residual, the second adds it
+        single = [(n, one.compensate(t, n)) for n, t in named]
+        joint = many.compensate_many(named)
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(single, joint))
+        for (n, t), ctx, mean in zip(single, ctxs, means):
+            one.update_mean(t, n, comp, ctx, mean)
+        many.update_mean_many(joint, comp, ctxs, means)
+        assert all(torch.equal(one.residuals[n], many.residuals[n]) for n, _ in named)

@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader
 import gracecomm
 from gracecomm.compressors.shared.estimation import ThresholdSparsifier
 from gracecomm.config import instantiate
+from gracecomm.experiments import presets
 from gracecomm.experiments.bench import PeakMemory, Record, suite
 from gracecomm.experiments.timing import best_of, best_of_each
 from gracecomm.metrics import Metrics
@@ -160,14 +161,28 @@ def sources(cfg: DictConfig) -> Iterator[tuple[str, Sampler]]:
 
 
 def method_instances(methods: Any, ratios: list[float]) -> Iterator[tuple[str, float | None, Any]]:
-    """(label, ratio, compressor) for every method spec; methods with a `ratio` option are
-    built once per ratio."""
+    """(label, ratio, compressor) for every method spec: a method preset's name
+    (configs/method/, its compressor), a registry name, or ``{name, label, options...}`` (a
+    registry name with options); methods with a `ratio` option are built once per ratio."""
     for spec in methods:
         spec = dict(OmegaConf.to_container(spec, resolve=True)) if not isinstance(spec, str) \
             else {"name": spec}
         name = spec.pop("name")
-        cls = COMPRESSORS.get(name)
         label = spec.pop("label", name)
+        if label != name and label in presets.available():
+            raise ConfigError(f"bench: method label '{label}' is the name of a method preset "
+                              f"(configs/method/{label}.yaml); name the preset, or choose "
+                              "another label")
+        if not spec and name in presets.available():
+            node = presets.compose(name).compressor
+            if "ratio" in node:
+                for ratio in ratios:
+                    node.ratio = ratio
+                    yield label, ratio, instantiate(node)
+            else:
+                yield label, None, instantiate(node)
+            continue
+        cls = COMPRESSORS.get(name)
         if "ratio" in inspect.signature(cls.__init__).parameters and "ratio" not in spec:
             for ratio in ratios:
                 yield label, ratio, cls(ratio=ratio, **spec)

@@ -3,7 +3,7 @@
     gracecomm-bench suite=hook
     gracecomm-bench suite=hook '+hook.methods=[ddp,none,fp16,torch_fp16]' +hook.steps=100
     gracecomm-bench suite=hook '+hook.methods=[ddp,topk,dgc]' \
-        '+hook.presets={dgc: ["compressor=dgc", "trainer.bucket_cap_mb=0.25"]}'
+        '+hook.overrides=[model=resnet20,data=prototypes,trainer.bucket_cap_mb=0.25]'
 
 Two Gloo ranks on this machine, one thread each, train the same model on the same batch with
 each method in turn: every method's DDP model and pipeline exist side by side, and a round
@@ -13,9 +13,11 @@ so every step does the same work). A step's cost is the CPU time of the rank's p
 forward pass until backward has returned, which is when DDP has received every bucket's
 averaged gradients. ``cpu_ms`` is the median step of a round, averaged over the ranks, best
 of ``rounds``; ``over_ddp_ms`` subtracts plain DDP's (the method ``ddp``, no hook) from the
-same run; where the run has PyTorch's hook for the same compressor (``torch_fp16``,
-``torch_powersgd``), ``over_torch_ms`` subtracts its ``cpu_ms`` and ``x_torch`` divides the
-added cost by the one it adds.
+same run; where the run has PyTorch's hook on the same settings (the preset that builds on
+the method's and only sets ``trainer.exchange=torch``: ``torch_fp16`` for ``fp16``,
+``torch_powersgd`` for ``powersgd_parity``; `gracecomm.experiments.presets.torch_twin`),
+``over_torch_ms`` subtracts its ``cpu_ms`` and ``x_torch`` divides the added cost by the one
+it adds.
 
 PyTorch's ``powerSGD_hook`` launches its later allreduces from future callbacks, on the
 process group the training thread also uses; with Gloo and more than one bucket the ranks
@@ -23,9 +25,9 @@ can then issue them in different orders, which aborts the process ("Received dat
 doesn't match expected size"). It happened here in some runs of ``torch_powersgd``
 (ResNet-20 has two buckets: DDP caps the first at 1 MiB); run again when it does.
 
-Methods are the presets of ``gracecomm-netbench`` (configs/netbench.yaml, gracecomm-train
-overrides) and any given in ``+hook.presets`` (name: overrides), with netbench's
-``overrides`` (ResNet-20 on the prototypes data) before them.
+Methods are method presets (configs/method/, `gracecomm.experiments.presets`), trained with
+``overrides`` (default: those of ``gracecomm-netbench``, ResNet-20 on the prototypes data)
+before them.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gracecomm.config import instantiate
 from gracecomm.ddp import register_comm_hook
+from gracecomm.experiments import presets
 from gracecomm.experiments.bench import Record, suite
 from gracecomm.experiments.launch import spawn
 from gracecomm.experiments.tasks import make_task
@@ -51,25 +54,20 @@ from gracecomm.experiments.torch_hooks import register_torch_hook
 from gracecomm.experiments.train import CONFIG_DIR, build_grace, compose_config, exchange_mode
 from gracecomm.validation import ConfigError
 
-DEFAULTS = {"methods": ["ddp", "none", "fp16", "torch_fp16", "topk", "powersgd",
-                        "torch_powersgd"],
+DEFAULTS = {"methods": ["ddp", "dense", "fp16", "torch_fp16", "topk", "powersgd",
+                        "powersgd_parity", "torch_powersgd"],
             "steps": 40, "rounds": 5, "warmup_steps": 5, "world_size": 2, "timeout_s": 900,
-            "presets": {}}
+            "overrides": None}
 BASELINE = "ddp"
 
 
-def plan(methods: list[str], extra: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
-    """(method, gracecomm-train overrides) for each method, from netbench's presets and
-    the `extra` ones."""
-    netbench = OmegaConf.load(CONFIG_DIR / "netbench.yaml")
-    presets = {**OmegaConf.to_container(netbench.presets), **extra}
-    unknown = [m for m in methods if m not in presets]
-    if unknown:
-        raise ConfigError(f"bench: +hook.methods names {unknown}, which are neither presets "
-                          f"of configs/netbench.yaml nor of +hook.presets; known: "
-                          f"{', '.join(presets)}")
-    base = [str(o) for o in netbench.overrides]
-    return [(m, [*base, *map(str, presets[m])]) for m in methods]
+def plan(methods: list[str], base: list[str] | None) -> list[tuple[str, list[str]]]:
+    """(method, gracecomm-train overrides) for each method preset, after `base` (None: the
+    ``overrides`` of configs/netbench.yaml)."""
+    presets.check(methods, "bench: suite 'hook'", "hook.methods")
+    if base is None:
+        base = [str(o) for o in OmegaConf.load(CONFIG_DIR / "netbench.yaml").overrides]
+    return [(m, [*base, *presets.overrides(m)]) for m in methods]
 
 
 def _worker(rank: int, world_size: int, runs: list[tuple[str, list[str]]],
@@ -125,7 +123,9 @@ def run(cfg: DictConfig) -> list[Record]:
     if unknown:
         raise ConfigError(f"bench: unknown option(s) {unknown} of suite 'hook'; allowed: "
                           f"{', '.join(DEFAULTS)}")
-    runs = plan([str(m) for m in options["methods"]], dict(options["presets"]))
+    base = options["overrides"]
+    runs = plan([str(m) for m in options["methods"]],
+                None if base is None else [str(o) for o in base])
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "medians.json")
         spawn(_worker, int(options["world_size"]), runs, options, out,
@@ -139,7 +139,7 @@ def run(cfg: DictConfig) -> list[Record]:
         record: Record = {"method": method, "cpu_ms": 1e3 * cpu[method]}
         if base is not None:
             record["over_ddp_ms"] = 1e3 * (cpu[method] - base)
-            torch_twin = f"torch_{method}"
+            torch_twin = presets.torch_twin(method)
             if torch_twin in cpu:
                 record["over_torch_ms"] = 1e3 * (cpu[method] - cpu[torch_twin])
                 if cpu[torch_twin] > base:

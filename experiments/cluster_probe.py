@@ -1,0 +1,166 @@
+"""Timed collectives on the emulated cluster (`gracecomm.experiments.cluster`): the
+per-message latency the cost model takes, and Gloo's allreduce and allgather of given sizes
+against the model (`gracecomm.network`), without any training around them.
+
+    python -m gracecomm.experiments.cluster_probe sweep \\
+        results/cluster_collectives/collectives.json \\
+        --nodes 2 4 8 --mbit 10 100 1000
+
+``sweep`` makes a cluster for every node count and bandwidth and runs ``rank`` on every
+node under torchrun; rank 0 writes ``{"world_size", "latency_s", "allreduce": {bytes:
+seconds}, "allgather": {bytes per rank: seconds}}``: medians over ``repeats`` calls after
+one untimed call, every call after a barrier; ``sweep`` also counts the bytes the links
+carry for 20 allreduces of 1.08 MB (``wire_per_payload``: TCP/IP framing and
+acknowledgements, `gracecomm.network.TCP_OVER_ETHERNET`). The latency is the median time of a
+one-float allreduce divided by the 2(N-1) messages of Gloo's ring. The sweep's JSON holds
+each case's measurements next to the model's time for the same collective (per-node links,
+TCP framing, the calibrated latency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+LATENCY_ROUNDS = 200
+# ResNet-20's gradient as plain DDP (float32) and fp16 allreduce it, and Top-1%'s payload
+ALLREDUCE_BYTES = (1_078_888, 539_444)
+ALLGATHER_BYTES = (21_688,)
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def probe(allreduce: list[int], allgather: list[int], repeats: int) -> dict[str, Any]:
+    """The figures of the module docstring, on this rank's process group."""
+    n = dist.get_world_size()
+    one = torch.zeros(1)
+    latency = median_time(lambda: dist.all_reduce(one), LATENCY_ROUNDS) / (2 * (n - 1))
+    out: dict[str, Any] = {"world_size": n, "latency_s": latency, "allreduce": {},
+                           "allgather": {}}
+    for nbytes in allreduce:
+        x = torch.zeros(nbytes // 4)
+        out["allreduce"][str(nbytes)] = median_time(lambda x=x: dist.all_reduce(x), repeats)
+    for nbytes in allgather:
+        x = torch.zeros(nbytes // 4)
+        outs = [torch.empty_like(x) for _ in range(n)]
+        out["allgather"][str(nbytes)] = median_time(
+            lambda x=x, outs=outs: dist.all_gather(outs, x), repeats)
+    return out
+
+
+WIRE_CALLS, WIRE_BYTES = 20, 1_078_888  # the allreduces whose link bytes `sweep` counts
+
+
+def rank_main(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    if args.wire:  # only WIRE_CALLS allreduces, for the links' byte counters
+        x = torch.zeros(WIRE_BYTES // 4)
+        for _ in range(WIRE_CALLS):
+            dist.all_reduce(x)
+        dist.destroy_process_group()
+        return
+    result = probe(args.allreduce, args.allgather, args.repeats)
+    if dist.get_rank() == 0:
+        args.out.write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def link_bytes(cluster: Any) -> int:
+    """Bytes every node's uplink has sent so far (``tc -s``: as the token bucket counts
+    them, Ethernet header included)."""
+    total = 0
+    for ns in cluster.namespaces:
+        done = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev",
+                               "eth0"], capture_output=True, text=True, check=True).stdout
+        total += int(re.search(r"Sent (\d+) bytes", done).group(1))
+    return total
+
+
+def sweep(nodes: list[int], mbits: list[float], repeats: int, work: Path) -> dict[str, Any]:
+    """Every node count at every bandwidth: the measured times and the model's, and the
+    bytes the links carried per payload byte of a ring allreduce (each of N ranks sends
+    2(N-1)/N of the vector per call)."""
+    from gracecomm.experiments.cluster import EmulatedCluster, Link, sigterm_as_exit
+    from gracecomm.network import TCP_OVER_ETHERNET, Network
+    cases = []
+    with sigterm_as_exit():
+        for mbit in mbits:
+            for n in nodes:
+                out = work / f"probe_{n}n_{mbit:g}mbit.json"
+                with EmulatedCluster(n, Link(mbit)) as cluster:
+                    cluster.torchrun(
+                        ["-m", "gracecomm.experiments.cluster_probe", "rank", str(out),
+                         "--allreduce", *map(str, ALLREDUCE_BYTES),
+                         "--allgather", *map(str, ALLGATHER_BYTES),
+                         "--repeats", str(repeats)], work / f"logs_{n}n_{mbit:g}", 900)
+                    before = link_bytes(cluster)
+                    cluster.torchrun(["-m", "gracecomm.experiments.cluster_probe", "rank",
+                                      str(out), "--wire"], work / f"wire_{n}n_{mbit:g}", 900)
+                    payload = n * WIRE_CALLS * 2 * (n - 1) / n * WIRE_BYTES
+                    wire = (link_bytes(cluster) - before) / payload
+                measured = json.loads(out.read_text())
+                net = Network(mbit / 1000, measured["latency_s"] * 1e6,
+                              overhead=TCP_OVER_ETHERNET, broadcast="tree")
+                model = {"allreduce": {b: net.time("allreduce", int(b), n)
+                                       for b in measured["allreduce"]},
+                         "allgather": {b: net.time("allgather", n * int(b), n)
+                                       for b in measured["allgather"]}}
+                cases.append({"nodes": n, "bandwidth_mbps": mbit, **measured, "model": model,
+                              "wire_per_payload": wire, "load": list(os.getloadavg())})
+                print(json.dumps(cases[-1]), flush=True)
+    return {"cases": cases, "repeats": repeats}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rank = sub.add_parser("rank", help="one rank's probe (under torchrun)")
+    rank.add_argument("out", type=Path, help="JSON file rank 0 writes")
+    rank.add_argument("--allreduce", type=int, nargs="*", default=[], metavar="BYTES")
+    rank.add_argument("--allgather", type=int, nargs="*", default=[], metavar="BYTES",
+                      help="bytes each rank contributes")
+    rank.add_argument("--repeats", type=int, default=10)
+    rank.add_argument("--wire", action="store_true", help="only the allreduces of the "
+                      "links' byte count")
+    many = sub.add_parser("sweep", help="clusters of every size and bandwidth, probed")
+    many.add_argument("out", type=Path, help="JSON file of every case, model beside")
+    many.add_argument("--nodes", type=int, nargs="+", default=[2, 4, 8])
+    many.add_argument("--mbit", type=float, nargs="+", default=[10, 100, 1000])
+    many.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    if args.command == "rank":
+        rank_main(args)
+        return
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        result = sweep(args.nodes, args.mbit, args.repeats, Path(tmp))
+    result["command"] = "python -m gracecomm.experiments.cluster_probe " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

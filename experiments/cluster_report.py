@@ -1,0 +1,282 @@
+"""Tables and plots of the emulated-cluster results, from the stored outputs that
+``bash results/reproduce.sh cluster_*`` writes into ``results/cluster_*/``. The results page
+renders its tables with the ``render_*`` functions (``results/renderers/cluster.py``), so it
+shows exactly what those files hold; ``plot_crossover`` draws the scaling crossover:
+
+    python -m gracecomm.experiments.cluster_report crossover.png 2n.json 4n.json 8n.json
+
+Each ``render_*`` function takes stored outputs and returns one Markdown table (with the
+command, commit and load that produced it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gracecomm.network import TCP_OVER_ETHERNET, Network, at_world_size
+
+ALLGATHER_SPARSIFIERS = ("topk", "dgc")
+ALLREDUCE_METHODS = ("powersgd_parity", "fp16", "randomk")
+
+
+def load(path: Path | str) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def source(result: dict[str, Any]) -> str:
+    """The line under a table: what produced it."""
+    p = result.get("provenance", {})
+    load_text = ", ".join(f"{x:.1f}" for x in p.get("load_before", [])[:1]
+                          + p.get("load_after", [])[:1])
+    return (f"`{p.get('command', '?')}` at commit `{p.get('commit', '?')}`, "
+            f"{p.get('date', '?')}, {p.get('cpus', '?')} CPUs, load average before / after "
+            f"{load_text}")
+
+
+def network_of(result: dict[str, Any]) -> Network:
+    """The calibrated network a netbench result was projected on."""
+    stored = result.get("network", {})
+    return Network(result["bandwidth_mbps"] / 1000, result["latency_us_calibrated"],
+                   shared=stored.get("shared", False),
+                   overhead=stored.get("overhead", TCP_OVER_ETHERNET),
+                   broadcast=stored.get("broadcast", "tree"),
+                   ranks_per_node=result.get("ranks_per_node", 1),
+                   host_gbps=stored.get("host_gbps"))
+
+
+def pct(a: float, b: float) -> str:
+    return f"{100 * (a / b - 1):+.0f}%"
+
+
+def hosts(r: dict[str, Any]) -> str:
+    """The hosts' calibrated rate (`gracecomm.network.Network.host_gbps`), if any."""
+    host = r.get("network", {}).get("host_gbps")
+    return f", the hosts' rate {host:.3g} Gbit/s of payload" if host else ""
+
+
+def contention(r: dict[str, Any]) -> str:
+    """The compute per step of the timed runs (the slowest rank's) against one rank's
+    alone: what sharing this machine's CPUs costs each rank."""
+    timed = [row["compute_s"] for row in r["runs"] if row["comm_timed"]]
+    if not timed or "compute_alone_s" not in r:
+        return ""
+    cpus = r.get("provenance", {}).get("cpus", "?")
+    return (f"; {r['ranks']} ranks on {cpus} CPUs: compute {1e3 * min(timed):.1f}-"
+            f"{1e3 * max(timed):.1f} ms per step (the slowest rank's) against "
+            f"{1e3 * r['compute_alone_s']:.1f} ms for one rank alone")
+
+
+def render_step(path: Path | str) -> str:
+    """A ``goal=step`` netbench result: measured and projected step time and speedup per
+    method, compute per step (the slowest rank's, under the contention of this machine),
+    and this library's hooks next to PyTorch's."""
+    r = load(path)
+    lines = [f"{r['world_size']} nodes x {r['ranks_per_node']} rank, {r['bandwidth_mbps']:g} "
+             f"Mbit/s per node ({r['topology']}); calibrated latency "
+             f"{r['latency_us_calibrated']:.0f} us per message{hosts(r)}{contention(r)}", "",
+             "| method | step ms (rounds) | measured speedup | projected speedup | error | "
+             "compute ms | KB/step |", "|---|---|---|---|---|---|---|"]
+    for row in r["runs"]:
+        low, high = (1e3 * t for t in row["round_step_s"])
+        timed = row["comm_timed"]
+        error = pct(row["projected_speedup"], row["measured_speedup"]) if timed else "-"
+        lines.append(f"| `{row['method']}` | {1e3 * row['step_s']:.1f} ({low:.1f}-{high:.1f}) | "
+                     f"{row['measured_speedup']:.2f}x | "
+                     f"{row['projected_speedup']:.2f}x | {error} | "
+                     f"{1e3 * row['compute_s']:.1f} | {row['wire_bytes'] / 1000:.1f} |"
+                     if timed else
+                     f"| `{row['method']}` | {1e3 * row['step_s']:.1f} ({low:.1f}-{high:.1f}) | "
+                     f"{row['measured_speedup']:.2f}x | - | - | - | "
+                     f"{row['wire_bytes'] / 1000:.1f} |")
+    by = {row["method"]: row for row in r["runs"]}
+    pairs = [(ours, theirs) for ours, theirs in (("fp16", "torch_fp16"),
+                                                 ("powersgd_parity", "torch_powersgd"))
+             if ours in by and theirs in by]
+    if pairs:
+        lines += ["", "This library's step against PyTorch's hook on the same settings: " +
+                  "; ".join(f"`{o}` {pct(by[o]['step_s'], by[t]['step_s'])} of `{t}`"
+                            for o, t in pairs) + "."]
+    return "\n".join([*lines, "", source(r)])
+
+
+def render_tta(path: Path | str) -> str:
+    """A ``goal=accuracy`` netbench result: time and steps to the target, final accuracy,
+    speedup in time to target over the baseline; a miss says so."""
+    r = load(path)
+    ref = r.get("reference")
+    target = (f"{r['target_accuracy']:.4f} ({ref.get('target_fraction', '?')} of "
+              f"`{ref['method']}`'s final {ref['final_accuracy']:.4f} after "
+              f"{ref['steps']} steps, unshaped)" if ref else
+              f"{r['target_accuracy']:.4f} (given)")
+    lines = [f"{r['world_size']} nodes x {r['ranks_per_node']} rank, {r['bandwidth_mbps']:g} "
+             f"Mbit/s per node ({r['topology']}); target test accuracy {target}"
+             f"{contention(r)}", "",
+             "| method | reached | steps | time to target s | speedup | final accuracy | "
+             "step ms | KB/step |", "|---|---|---|---|---|---|---|---|"]
+    for row in r["runs"]:
+        hit = row["reached_target"]
+        time_s = f"{row['time_to_target_s']:.1f}" if hit else f"> {row['time_to_target_s']:.1f}"
+        speedup = (f"{'' if hit else '< '}{row['tta_speedup']:.2f}x"
+                   if "tta_speedup" in row else "-")
+        lines.append(f"| `{row['method']}` | {'yes' if hit else 'no'} | "
+                     f"{row['steps_to_target']} | {time_s} | {speedup} | "
+                     f"{row['final_accuracy']:.4f} | {1e3 * row['step_s']:.1f} | "
+                     f"{row['wire_bytes'] / 1000:.1f} |")
+    return "\n".join([*lines, "", source(r)])
+
+
+def render_model(paths: Sequence[Path | str]) -> str:
+    """Measured against projected speedup over plain DDP, per method, at every node count
+    and bandwidth of `paths` (``goal=step`` results), with the error of the projection."""
+    results = sorted((load(p) for p in paths), key=lambda r: (r["bandwidth_mbps"],
+                                                              r["world_size"]))
+    cases = [f"{r['world_size']}n {r['bandwidth_mbps']:g} Mbit/s" for r in results]
+    methods = [row["method"] for row in results[0]["runs"] if row["comm_timed"]]
+    lines = ["Measured / projected speedup over plain DDP (error of the projection)", "",
+             "| method | " + " | ".join(cases) + " |", "|---|" + "---|" * len(cases)]
+    for method in methods:
+        cells = []
+        for r in results:
+            row = next((x for x in r["runs"] if x["method"] == method), None)
+            cells.append("-" if row is None else
+                         f"{row['measured_speedup']:.2f} / {row['projected_speedup']:.2f} "
+                         f"({pct(row['projected_speedup'], row['measured_speedup'])})")
+        lines.append(f"| `{method}` | " + " | ".join(cells) + " |")
+    worst = max((abs(row["projected_speedup"] / row["measured_speedup"] - 1), row["method"],
+                 f"{r['world_size']}n {r['bandwidth_mbps']:g}")
+                for r in results for row in r["runs"] if row["comm_timed"])
+    lines += ["", f"Largest error: {100 * worst[0]:.0f}% (`{worst[1]}`, {worst[2]} Mbit/s).",
+              "", "Sources: " + "; ".join(source(r) for r in results[:1]) +
+              f" (and {len(results) - 1} more runs of the same step)"]
+    return "\n".join(lines)
+
+
+def render_collectives(path: Path | str) -> str:
+    """Gloo's allreduce and allgather measured on the cluster against the model."""
+    r = load(path)
+    lines = ["| nodes | Mbit/s | latency us | allreduce 1.08 MB ms (model) | allreduce 539 KB ms "
+             "(model) | allgather 21.7 KB/rank ms (model) | load |",
+             "|---|---|---|---|---|---|---|"]
+    for c in r["cases"]:
+        def cell(kind: str, nbytes: str) -> str:
+            m, p = c[kind][nbytes], c["model"][kind][nbytes]
+            return f"{1e3 * m:.1f} ({1e3 * p:.1f}, {pct(p, m)})"
+        lines.append(f"| {c['nodes']} | {c['bandwidth_mbps']:g} | {1e6 * c['latency_s']:.0f} | "
+                     f"{cell('allreduce', '1078888')} | {cell('allreduce', '539444')} | "
+                     f"{cell('allgather', '21688')} | {c['load'][0]:.1f} |")
+    return "\n".join([*lines, "", f"`{r.get('command', '?')}`"])
+
+
+def render_projection(path: Path | str) -> str:
+    """Projected speedup over plain DDP per method at a few node counts and bandwidths,
+    for each model (``experiments/cluster_projection.py``; assumptions stated there)."""
+    r = load(path)
+    lines = []
+    for model, data in r["models"].items():
+        lines += [f"**{model}** ({data['parameters']:,} parameters; compute "
+                  f"{1e3 * data['compute_s']:.0f} ms per step, {data['compute_source']})", "",
+                  "| nodes @ Gbit/s | " + " | ".join(f"`{m}`" for m in data["methods"]) + " |",
+                  "|---|" + "---|" * len(data["methods"])]
+        for cell, values in data["grid"].items():
+            steps = values["step_s"]
+            lines.append(f"| {cell} | " + " | ".join(
+                f"{steps['ddp'] / steps[m]:.2f}x" for m in data["methods"]) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def crossover(paths: Sequence[Path | str], max_nodes: int = 1024) -> dict[str, Any]:
+    """Measured step times at every node count of `paths` (``goal=step`` results at one
+    bandwidth) and projected ones from 2 to `max_nodes` nodes: each method's smallest
+    cluster's per-step statistics (its compute with the least contention) at N ranks
+    (`gracecomm.network.at_world_size`), on per-node links. The crossover is the first
+    node count at which the fastest allreduce method beats the fastest allgather
+    sparsifier."""
+    results = sorted((load(p) for p in paths), key=lambda r: r["world_size"])
+    smallest = results[0]
+    net = network_of(smallest)
+    nodes = [2 ** k for k in range(1, int(math.log2(max_nodes)) + 1)]
+    measured: dict[str, dict[int, float]] = {}
+    projected: dict[str, dict[int, float]] = {}
+    for r in results:
+        for row in r["runs"]:
+            measured.setdefault(row["method"], {})[r["world_size"]] = row["step_s"]
+    for row in smallest["runs"]:
+        if not row["comm_timed"] or "stats" not in row:
+            continue
+        projected[row["method"]] = {
+            n: net.project(at_world_size(row["stats"], smallest["ranks"], n), n)[
+                f"projected_step_s@{net.label}"] for n in nodes}
+
+    def first_loss(times: dict[str, dict[int, float]]) -> int | None:
+        sparse = [m for m in ALLGATHER_SPARSIFIERS if m in times]
+        dense = [m for m in ALLREDUCE_METHODS if m in times]
+        if not sparse or not dense:
+            return None
+        for n in sorted(times[sparse[0]]):
+            if min(times[m].get(n, math.inf) for m in dense) < min(
+                    times[m].get(n, math.inf) for m in sparse):
+                return n
+        return None
+
+    return {"bandwidth_mbps": smallest["bandwidth_mbps"], "measured": measured,
+            "projected": projected, "crossover_measured": first_loss(measured),
+            "crossover_projected": first_loss(projected)}
+
+
+def plot_crossover(paths: Sequence[Path | str], out: Path | str) -> dict[str, Any]:
+    """Step time against node count, measured (points) and projected (lines), for the
+    allgather sparsifiers and the allreduce methods; the crossover marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    data = crossover(paths)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, method in enumerate(m for m in (*ALLGATHER_SPARSIFIERS, *ALLREDUCE_METHODS, "ddp")
+                               if m in data["measured"]):
+        color = plt.cm.tab10(i)
+        style = "-" if method in ALLGATHER_SPARSIFIERS else "--"
+        if method in data["projected"]:
+            xs = sorted(data["projected"][method])
+            ax.plot(xs, [1e3 * data["projected"][method][n] for n in xs], style, color=color,
+                    label=f"{method} (projected)")
+        ms = sorted(data["measured"][method])
+        ax.plot(ms, [1e3 * data["measured"][method][n] for n in ms], "o", color=color,
+                label=f"{method} (measured)")
+    for key, label in (("crossover_projected", "projected"), ("crossover_measured",
+                                                              "measured")):
+        if data[key]:
+            ax.axvline(data[key], color="grey", linestyle=":" if label == "projected" else "-",
+                       linewidth=1, label=f"crossover, {label}: {data[key]} nodes")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes (one rank each)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title(f"Allgather sparsifiers against allreduce methods, "
+                 f"{data['bandwidth_mbps']:g} Mbit/s per node")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return data
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Draw the scaling crossover of cluster runs "
+                                                 "at one bandwidth and several node counts.")
+    parser.add_argument("out", type=Path, help="the PNG to write")
+    parser.add_argument("runs", nargs="+", type=Path,
+                        help="netbench.json of goal=step cluster runs (one per node count)")
+    args = parser.parse_args(argv)
+    data = plot_crossover(args.runs, args.out)
+    print(f"crossover at {data['bandwidth_mbps']:g} Mbit/s: measured "
+          f"{data['crossover_measured']}, projected {data['crossover_projected']} nodes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The cluster's cost model additions (per-node links with TCP framing, Gloo's binomial
+broadcast, ranks per node, statistics at another world size), the results-page tables
+rendered from stored netbench outputs, the scaling crossover and the projection's inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from gracecomm.experiments import cluster_report
+from gracecomm.experiments.cluster_projection import bert_base_shapes, buckets, resnet50_shapes
+from gracecomm.network import TCP_OVER_ETHERNET, Network, at_world_size, bytes_key, calls_key
+from gracecomm.validation import ConfigError
+
+MBIT = 8 / 100e6  # seconds per byte at 100 Mbit/s
+
+
+def test_tcp_framing_and_gloo_broadcast_by_hand():
+    net = Network(0.1, 0.0, overhead=TCP_OVER_ETHERNET, broadcast="tree")
+    assert TCP_OVER_ETHERNET == pytest.approx(1514 / 1448)
+    assert net.time("allreduce", 1e6, 4) == pytest.approx(1.5 * 1e6 * MBIT * TCP_OVER_ETHERNET)
+    # binomial tree: the root sends the message ceil(log2 8) = 3 times
+    assert net.time("broadcast", 1e6, 8) == pytest.approx(3 * 1e6 * MBIT * TCP_OVER_ETHERNET)
+    # a parameter server's reply of 1 MB to each of 7 workers is one tree broadcast
+    assert net.time("ps_pull", 7e6, 8) == pytest.approx(3 * 1e6 * MBIT * TCP_OVER_ETHERNET)
+    assert Network(0.1, 0.0).time("ps_pull", 7e6, 8) == pytest.approx(7e6 * MBIT)
+
+
+def test_ranks_per_node_spare_the_servers_link_only():
+    two = Network(0.1, 0.0, ranks_per_node=2)
+    assert two.time("ps_push", 7e6, 8) == pytest.approx(6e6 * MBIT)  # 6 remote workers
+    assert two.time("allreduce", 1e6, 8) == Network(0.1, 0.0).time("allreduce", 1e6, 8)
+    with pytest.raises(ConfigError, match="broadcast"):
+        Network(0.1, 0.0, broadcast="star")
+    with pytest.raises(ConfigError, match="overhead"):
+        Network(0.1, 0.0, overhead=0.5)
+
+
+def test_statistics_at_another_world_size():
+    stats = {bytes_key("allgather"): 4 * 1000.0, calls_key("allgather"): 2,
+             bytes_key("allreduce"): 500.0, bytes_key("ps_push"): 3 * 10.0, "compute_s": 0.1}
+    at8 = at_world_size(stats, 4, 8)
+    assert at8[bytes_key("allgather")] == 8 * 1000.0 and at8[calls_key("allgather")] == 2
+    assert at8[bytes_key("allreduce")] == 500.0 and at8["compute_s"] == 0.1
+    assert at8[bytes_key("ps_push")] == pytest.approx(7 * 10.0)
+
+
+def run(method, step_s, speedup, projected, timed=True, **extra):
+    return {"method": method, "step_s": step_s, "round_step_s": [step_s, step_s],
+            "measured_speedup": speedup, "projected_speedup": projected, "comm_timed": timed,
+            "compute_s": 0.05, "wire_bytes": 21688.0, **extra}
+
+
+def stored(tmp_path, name, world_size, runs, **extra):
+    result = {"provenance": {"command": "gracecomm-netbench topology=cluster",
+                             "commit": "abc", "date": "today", "cpus": 2,
+                             "load_before": [0.3], "load_after": [0.4]},
+              "bandwidth_mbps": 100.0, "topology": "cluster", "world_size": world_size,
+              "ranks_per_node": 1, "ranks": world_size, "latency_us_calibrated": 60.0,
+              "compute_alone_s": 0.02, "runs": runs, **extra}
+    path = tmp_path / name
+    path.write_text(json.dumps(result))
+    return path
+
+
+def test_step_table_names_the_projection_error_and_pytorchs_hooks(tmp_path):
+    path = stored(tmp_path, "step.json", 4, [
+        run("ddp", 0.2, 1.0, 1.0, timed=False), run("fp16", 0.1, 2.0, 2.2),
+        run("torch_fp16", 0.095, 2.1, 2.0)])
+    table = cluster_report.render_step(path)
+    assert "| `fp16` | 100.0 (100.0-100.0) | 2.00x | 2.20x | +10% |" in table
+    assert "| `ddp` | 200.0 (200.0-200.0) | 1.00x | - | - | - |" in table
+    assert "`fp16` +5% of `torch_fp16`" in table and "commit `abc`" in table
+
+
+def test_time_to_accuracy_table_says_a_miss(tmp_path):
+    tta = {"reached_target": True, "time_to_target_s": 10.0, "steps_to_target": 90,
+           "final_accuracy": 0.95, "target_accuracy": 0.93, "tta_speedup": 1.0}
+    path = stored(tmp_path, "tta.json", 4, [
+        run("ddp", 0.2, 1.0, 1.0, timed=False, **tta),
+        run("randomk", 0.05, 4.0, 4.0, **{**tta, "reached_target": False,
+                                          "time_to_target_s": 20.0, "tta_speedup": 0.5,
+                                          "steps_to_target": 300})],
+        goal="accuracy", target_accuracy=0.93,
+        reference={"method": "ddp", "final_accuracy": 0.98, "steps": 300})
+    table = cluster_report.render_tta(path)
+    assert "| `randomk` | no | 300 | > 20.0 | < 0.50x |" in table
+    assert "| `ddp` | yes | 90 | 10.0 | 1.00x |" in table
+
+
+def test_model_table_and_crossover(tmp_path):
+    def stats(nbytes, kind):
+        return {bytes_key(kind): nbytes, calls_key(kind): 1, "compute_s": 0.02}
+    paths = []
+    for n in (2, 4, 8):  # Top-1% gathers N blocks; PowerSGD allreduces a fixed vector
+        topk = run("topk", 0.02 + 0.001 * n, 5.0, 5.0, stats=stats(n * 20000.0, "allgather"))
+        psgd = run("powersgd_parity", 0.025, 4.0, 4.2, stats=stats(60000.0, "allreduce"))
+        paths.append(stored(tmp_path, f"{n}.json", n, [run("ddp", 0.2, 1.0, 1.0, timed=False),
+                                                       topk, psgd]))
+    table = cluster_report.render_model(paths)
+    assert "| `powersgd_parity` | 4.00 / 4.20 (+5%) |" in table and "Largest error: 5%" in table
+    data = cluster_report.plot_crossover(paths, tmp_path / "crossover.png")
+    assert (tmp_path / "crossover.png").stat().st_size > 0
+    assert data["crossover_measured"] == 8  # Top-k 24 ms against 25 at 4 nodes, 28 at 8
+    projected = data["projected"]
+    assert projected["topk"][2] < projected["powersgd_parity"][2]
+    assert data["crossover_projected"] and projected["topk"][1024] > projected[
+        "powersgd_parity"][1024]
+
+
+def test_projection_inputs_come_from_the_models_definitions():
+    assert sum(math.prod(s) for s in resnet50_shapes()) == 25_557_032
+    assert sum(math.prod(s) for s in bert_base_shapes()) == 109_482_240
+    assert buckets(2**20) == 1 and buckets(2**20 + 1) == 2  # DDP: 1 MiB, then 25 MiB
+
+
+def test_the_hosts_rate_adds_to_the_links_time_per_payload_byte():
+    link = Network(1.0, 0.0, overhead=TCP_OVER_ETHERNET)
+    both = Network(1.0, 0.0, overhead=TCP_OVER_ETHERNET, host_gbps=2.0)
+    extra = both.time("allreduce", 1e6, 4) - link.time("allreduce", 1e6, 4)
+    assert extra == pytest.approx(1.5 * 1e6 * 8 / 2e9)  # 2(N-1)/N of the payload at 2 Gbit/s
+    with pytest.raises(ConfigError, match="host_gbps"):
+        Network(1.0, 0.0, host_gbps=0.0)
