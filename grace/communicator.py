@@ -19,54 +19,39 @@ from __future__ import annotations
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Hashable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from gracecomm.compressor import Compressor, Payload
-from gracecomm.exchange import Continuations, Exchange, Link, Rounds, Works
-from gracecomm.metrics import Metrics
-from gracecomm.state import Stateful
+from gracecomm.exchange import Collectives, Exchange, Link, Rounds, Works
+from gracecomm.part import Part
 from gracecomm.validation import IncompatibleError, PayloadError, check_choice
-from gracecomm.wire import DTYPES, dtype_code, from_bytes, payload_nbytes, to_bytes
+from gracecomm.wire import DTYPES, dtype_code, from_bytes, to_bytes
 
 Item = tuple[Payload, Any, str]  # (payload, ctx, tensor name)
 
 
-class Communicator(Stateful, ABC):
-    """Base class of all communicators."""
+class Communicator(Part, Collectives, ABC, kind="communicator"):
+    """Base class of all communicators: the exchange of payloads (`exchange`) on top of the
+    process group and accounted collectives of `gracecomm.exchange.Collectives`.
 
-    registry_name: ClassVar[str] = ""
+    Args:
+        group: The process group to exchange on (None: the default group).
+        checksum: Append a CRC-32 of its payload bytes to what each rank sends, checked
+            on receipt (`PayloadError` naming the rank whose bytes were corrupted).
+
+    Raises:
+        ConfigError: `checksum` is not a bool.
+    """
 
     def __init__(self, group: Any = None, checksum: bool = False) -> None:
+        super().__init__()
         self.group = group
         self.checksum = check_choice(checksum, (False, True), self.label, "checksum")
         self.compressor: Compressor | None = None
-        self.metrics = Metrics()
-        self._continuations: Continuations | None = None
         self._agreed: dict[tuple[tuple[str, Hashable], ...], list[tuple[int, torch.dtype]]] = {}
         # fixed payload layouts, per tensors and phase
-
-    @property
-    def label(self) -> str:
-        return f"communicator '{self.registry_name or type(self).__name__}'"
-
-    # -- process group --------------------------------------------------------------------
-    @property
-    def distributed(self) -> bool:
-        return dist.is_available() and dist.is_initialized()
-
-    @property
-    def world_size(self) -> int:
-        return dist.get_world_size(self.group) if self.distributed else 1
-
-    @property
-    def rank(self) -> int:
-        return dist.get_rank(self.group) if self.distributed else 0
-
-    def global_rank(self, group_rank: int) -> int:
-        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
     # -- set-up ---------------------------------------------------------------------------
     def check(self, compressor: Compressor) -> None:
@@ -78,10 +63,14 @@ class Communicator(Stateful, ABC):
                 f"{' or '.join(repr(a) for a in allowed)}, not {self.registry_name!r}; "
                 f"set communicator={allowed[0]}")
 
-    def bind(self, compressor: Compressor, metrics: Metrics) -> None:
+    def attach(self, compressor: Compressor) -> None:
+        """Carry `compressor`'s payloads from now on (called by the pipeline once).
+
+        Raises:
+            IncompatibleError: This communicator cannot carry them (`check`).
+        """
         self.check(compressor)
         self.compressor = compressor
-        self.metrics = metrics
 
     # -- the pipeline's entry points -------------------------------------------------------
     @abstractmethod
@@ -100,18 +89,6 @@ class Communicator(Stateful, ABC):
         rounds = self.exchange(items, link) if items else nothing()
         return Exchange(self, rounds, link, [name for _, _, name in items], finish)
 
-    def link(self, nonfinite: bool | None = None) -> Link:
-        """The accounted asynchronous collectives of one new exchange (`nonfinite`: this
-        rank's status, where non-finite steps pass through; see `Link`)."""
-        return Link(self, self.group, nonfinite)
-
-    def continuations(self) -> Continuations:
-        """The worker that runs later rounds of submitted exchanges (created on first use;
-        every rank reaches its first asynchronous exchange at the same point)."""
-        if self._continuations is None:
-            self._continuations = Continuations(self.group)
-        return self._continuations
-
     def send_receive(self, payload: Payload, ctx: Any, name: str) -> torch.Tensor:
         """Send this rank's payload and return the mean over ranks as a dense tensor."""
         return self.send_receive_many([(payload, ctx, name)])[0]
@@ -119,66 +96,6 @@ class Communicator(Stateful, ABC):
     def send_receive_many(self, items: Sequence[Item]) -> list[torch.Tensor]:
         """`send_receive` for several tensors at once, synchronously."""
         return self.start(items).wait()
-
-    # -- accounted collectives ------------------------------------------------------------
-    def count(self, wire_bytes: int, sent_bytes: int | None = None) -> None:
-        """Credit this rank with `wire_bytes` of payload (and `sent_bytes` really moved)."""
-        self.metrics.add("wire_bytes", wire_bytes)
-        self.metrics.add("sent_bytes", wire_bytes if sent_bytes is None else sent_bytes)
-
-    def wait_for(self, works: Works, key: str = "comm_s") -> None:
-        """Wait for launched collectives, adding the time to `key` (``comm_s``: the time the
-        training thread waited; ``comm_async_s``: the exchange worker's waits)."""
-        if works:
-            with self.metrics.timer(key):
-                for work in works:
-                    work.wait()
-
-    def run_now(self, rounds: Generator[Works, None, Any]) -> Any:
-        """Run rounds of collectives on this thread and return what they return."""
-        try:
-            while True:
-                self.wait_for(next(rounds))
-        except StopIteration as stop:
-            return stop.value
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum `tensor` over ranks in place (counted as payload)."""
-        self.count(payload_nbytes([tensor]))
-        if self.world_size > 1:
-            self.wait_for([Link(self, self.group).all_reduce(tensor)])
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's `tensor` (same shape on all ranks), in rank order (counted)."""
-        self.count(payload_nbytes([tensor]))
-        if self.world_size == 1:
-            return [tensor]
-        out, work = Link(self, self.group).all_gather(tensor)
-        self.wait_for([work])
-        return out
-
-    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        """Overwrite `tensor` with rank `src`'s copy; the bytes are credited to `src`."""
-        if self.rank == src:
-            self.count(payload_nbytes([tensor]))
-        if self.world_size > 1:
-            self.wait_for([Link(self, self.group).broadcast(tensor, src)])
-        return tensor
-
-    def gather_sizes(self, numels: Sequence[int], device: torch.device) -> list[list[int]]:
-        """Every rank's `numels` (one small allgather on this thread; counted as sent)."""
-        if self.world_size == 1:
-            return [list(numels)]
-        return self.run_now(self._gather_ints(Link(self, self.group), numels, device))
-
-    def _gather_ints(self, link: Link, numels: Sequence[int], device: torch.device
-                     ) -> Generator[Works, None, list[list[int]]]:
-        local = torch.tensor(list(numels), dtype=torch.int64, device=device)
-        self.metrics.add("sent_bytes", local.numel() * 8)
-        out, work = link.all_gather(local)
-        yield (work,)
-        return [o.tolist() for o in out]
 
     def size_round(self, link: Link, items: Sequence[Item], device: torch.device
                    ) -> Generator[Works, None, list[list[int]]]:

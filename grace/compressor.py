@@ -14,19 +14,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from gracecomm.buffers import difference
-from gracecomm.metrics import Metrics
+from gracecomm.exchange import Link, Works
 from gracecomm.needs import Need
-from gracecomm.state import Stateful
+from gracecomm.part import Part
 from gracecomm.validation import ConfigError
-
-if TYPE_CHECKING:
-    from gracecomm.communicator import Communicator
-    from gracecomm.exchange import Link, Works
 
 Payload = tuple[torch.Tensor, ...]
 PayloadSpec = tuple[tuple[torch.dtype, int], ...]  # (dtype, numel) of each payload tensor
@@ -46,6 +42,7 @@ class Capabilities:
     default_communicator: str
     communicators: tuple[str, ...] | None
     elementwise: bool
+    model_level: bool
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,7 @@ class TensorInfo:
         return self.shape.numel()
 
 
-class Compressor(Stateful, ABC):
+class Compressor(Part, ABC, kind="compressor"):
     """Base class of all compressors.
 
     Capabilities: a class declares them as class attributes, and `capabilities()` is the one
@@ -110,20 +107,12 @@ class Compressor(Stateful, ABC):
     model_level: ClassVar[bool] = False
     training_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     sensitivities: ClassVar[tuple[str, ...]] = ()
-    registry_name: ClassVar[str] = ""
-
-    def __init__(self) -> None:
-        self.metrics = Metrics()
-        self.comm: Communicator | None = None
-
-    @property
-    def label(self) -> str:
-        return f"compressor '{self.registry_name or type(self).__name__}'"
 
     def capabilities(self) -> Capabilities:
         """This compressor's capabilities (by default its class's declarations)."""
         return Capabilities(self.summable, self.fixed_size, self.default_memory,
-                            self.default_communicator, self.communicators, self.elementwise)
+                            self.default_communicator, self.communicators, self.elementwise,
+                            self.model_level)
 
     def payload_spec(self, info: TensorInfo) -> PayloadSpec | None:
         """For a compressor of fixed size: the dtype and element count of each payload tensor
@@ -140,15 +129,8 @@ class Compressor(Stateful, ABC):
 
     def needs(self) -> frozenset[Need]:
         """What this compressor needs from the exchange (`gracecomm.needs`)."""
-        return frozenset({Need.WHOLE_MODEL}) if self.model_level else frozenset()
-
-    def bind(self, comm: Communicator | None, metrics: Metrics) -> None:
-        """Called by the pipeline: share its metrics and give access to accounted collectives;
-        the compressors inside this one (``child_attrs``, `gracecomm.state`) are bound alike."""
-        self.comm = comm
-        self.metrics = metrics
-        for part in self.nearest(Compressor):
-            part.bind(comm, metrics)
+        return (frozenset({Need.WHOLE_MODEL}) if self.capabilities().model_level
+                else frozenset())
 
     @abstractmethod
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
@@ -220,7 +202,7 @@ class Compressor(Stateful, ABC):
         collectives of their own (``communicators``) or ``model_level`` ones skip it; one
         that cannot compress this tensor stays cold (its first step reports the error)."""
         caps = self.capabilities()
-        if self.model_level or caps.communicators is not None:
+        if caps.model_level or caps.communicators is not None:
             return
         ranks = self.comm.world_size if self.comm is not None else 1
         twin = copy.deepcopy(self, {id(self.comm): None})

@@ -10,38 +10,24 @@ compressor, ctx, mean)`` once the exchange has returned the mean over ranks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from gracecomm.metrics import Metrics
+from gracecomm.compressor import Compressor, Payload
 from gracecomm.needs import Need
-from gracecomm.state import Stateful
-
-if TYPE_CHECKING:
-    from gracecomm.compressor import Compressor, Payload
+from gracecomm.part import Part
 
 
-class Memory(Stateful, ABC):
+class Memory(Part, ABC, kind="memory"):
     """Base class of all memories."""
 
-    registry_name: ClassVar[str] = ""
     identity: ClassVar[bool] = False  # compensate returns its input and update keeps nothing
-
-    def __init__(self) -> None:
-        self.metrics = Metrics()
 
     @property
     def wants_mean(self) -> bool:
         """Whether `update_mean` should be called after each exchange."""
         return False
-
-    @property
-    def label(self) -> str:
-        return f"memory '{self.registry_name or type(self).__name__}'"
-
-    def bind(self, metrics: Metrics) -> None:
-        self.metrics = metrics
 
     def needs(self) -> frozenset[Need]:
         """What this memory needs from the exchange (`gracecomm.needs`)."""

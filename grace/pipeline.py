@@ -76,9 +76,9 @@ class Grace(Stateful):
         self._before_step: dict[str, Any] | None = None  # the state to restore (pass-through)
         self._nonfinite_step = False
         memory.check(compressor)
-        communicator.bind(compressor, self.metrics)
-        compressor.bind(communicator, self.metrics)
-        memory.bind(self.metrics)
+        communicator.attach(compressor)
+        for part in (communicator, compressor, memory):
+            part.bind(communicator, self.metrics)
         compressor.warm_up()  # its kernels are loaded now, not in the first step
 
     def __repr__(self) -> str:
@@ -140,7 +140,7 @@ class Grace(Stateful):
             metrics.add("exchanges", 1)  # the dense-allreduce baseline of gracecomm.network
         link = self.communicator.link(None if self.check_finite else not finite)
         link.max_nbytes = 4 * dense + 65536  # no peer's payload may announce more
-        if self.compressor.model_level:
+        if self.compressor.capabilities().model_level:
             rounds = self._model_rounds(compensated, link)
         elif self.joins_runs:
             rounds = self._run_rounds(compensated, runs, link)
@@ -158,8 +158,8 @@ class Grace(Stateful):
         """Whether tensors that lie back to back in memory are compressed and exchanged as
         one (`_run_rounds`): an elementwise compressor with a memory that keeps nothing. A
         DDP bucket can then be passed whole, with the same result."""
-        return (not self.compressor.model_level and self.memory.identity
-                and self.compressor.capabilities().elementwise)
+        caps = self.compressor.capabilities()
+        return not caps.model_level and self.memory.identity and caps.elementwise
 
     def finite(self, grads: Named, compensated: Named, runs: Sequence[range]) -> bool:
         """Whether every tensor to compress is finite (one read each, one call for each of
