@@ -28,8 +28,8 @@ class RandomKCtx:
 
 def draws(n: int, d: int, key: int, key2: int, device: torch.device) -> torch.Tensor:
     """The draws j(0), ..., j(n - 1) in [0, d): j(i) = floor(u d / 2^64) for the 64-bit
-    u = (mix(i, key) << 32) | mix(i, key2) of the counter generator (`gracecomm.compressors.shared.stochastic`), a
-    uniform index to within d / 2^64."""
+    u = (mix(i, key) << 32) | mix(i, key2) of the counter generator
+    (`gracecomm.compressors.shared.stochastic`), a uniform index to within d / 2^64."""
     i = torch.arange(n, dtype=torch.int64, device=device)
     return (counter_hash(i, key) * d + ((counter_hash(i, key2) * d) >> 32)) >> 32
 
@@ -56,8 +56,9 @@ def first_distinct(d: int, m: int, key: int, key2: int, device: torch.device) ->
 def random_subset(d: int, k: int, key: int, device: torch.device) -> torch.Tensor:
     """Ascending int64 positions of a uniformly random k-subset of range(d) for the shared
     `key`: the first k distinct draws, or for k > d/2 all but the first d - k (so at most
-    d/2 values are ever drawn). One numba call on CPU (`gracecomm.compressors.shared.kernels.random_subset`, a
-    bitmap), the same positions from torch on other devices."""
+    d/2 values are ever drawn). One numba call on CPU
+    (`gracecomm.compressors.shared.kernels.random_subset`, a bitmap), the same positions from
+    torch on other devices."""
     if d >= SUBSET_LIMIT:
         raise ValueError(f"randomk draws indices of tensors below 2**31 elements, got {d}")
     key2 = second_key(key)

@@ -104,8 +104,8 @@ class GradientExchange:
                  optimizer: torch.optim.Optimizer | None = None, *, weight_decay: float = 0.0,
                  asynchronous: bool = True, scaler: torch.amp.GradScaler | None = None) -> None:
         if not isinstance(grace, Grace):
-            raise ConfigError(f"the exchange needs a gracecomm.Grace pipeline (gracecomm.build(...)), "
-                              f"got {type(grace).__name__}")
+            raise ConfigError("the exchange needs a gracecomm.Grace pipeline "
+                              f"(gracecomm.build(...)), got {type(grace).__name__}")
         check_optimizer(grace, optimizer)
         self.grace = grace
         self.weight_decay = float(check_range(weight_decay, "exchange", "weight_decay", 0.0))

@@ -74,12 +74,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "vectors.pt"
         run = Path(tmp) / "run"
-        done = subprocess.run([sys.executable, "-m", "gracecomm.experiments.train", "+experiment=lgc",
-                        "+method=lgc_rar", "allow_any_target=true", "trainer.progress=false",
-                        "compressor._target_=results.lgc_bound.RecordingRar",
-                        f"+compressor.record={record}", f"trainer.max_steps={args.steps}",
-                        f"hydra.run.dir={run}", *args.overrides], cwd=REPO,
-                       capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "gracecomm.experiments.train",
+                               "+experiment=lgc", "+method=lgc_rar", "allow_any_target=true",
+                               "trainer.progress=false",
+                               "compressor._target_=results.lgc_bound.RecordingRar",
+                               f"+compressor.record={record}", f"trainer.max_steps={args.steps}",
+                               f"hydra.run.dir={run}", *args.overrides], cwd=REPO,
+                              capture_output=True, text=True)
         if done.returncode:
             sys.exit(f"the recording run failed:\n{done.stderr[-4000:]}")
         if not record.exists():

@@ -26,8 +26,10 @@ def row(run: Path) -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep", type=Path, help="a multirun directory of gracecomm.experiments.train")
-    runs = sorted((p for p in parser.parse_args().sweep.iterdir() if (p / "metrics.jsonl").exists()),
+    parser.add_argument("sweep", type=Path,
+                        help="a multirun directory of gracecomm.experiments.train")
+    sweep = parser.parse_args().sweep
+    runs = sorted((p for p in sweep.iterdir() if (p / "metrics.jsonl").exists()),
                   key=lambda p: int(p.name.split("_", 1)[0]))
     print("| run | steps | state bytes, first eval | state bytes, last eval | distinct sizes "
           "| peak RSS MB, first eval | after 10 evals | last eval |")

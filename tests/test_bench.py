@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def bench(tmp_path, *overrides):
     proc = subprocess.run(
-        [sys.executable, "-m", "gracecomm.experiments.bench", f"hydra.run.dir={tmp_path}", "repeats=1",
-         *overrides], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        [sys.executable, "-m", "gracecomm.experiments.bench", f"hydra.run.dir={tmp_path}",
+         "repeats=1", *overrides], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc, json.loads((tmp_path / "bench.json").read_text())
 

@@ -86,7 +86,8 @@ def test_randomk_shared_seed_and_unbiased_scale():
         payload, ctx = unbiased.compress(t, "x")
         mean += unbiased.decompress(payload, ctx)
     mean /= 2000
-    # each element is kept with probability 0.1 and scaled by 10: sd of the mean = |t| * 3 / sqrt(2000)
+    # each element is kept with probability 0.1 and scaled by 10:
+    # sd of the mean = |t| * 3 / sqrt(2000)
     z = (mean - t) / (t.abs() * 3 / math.sqrt(2000))
     assert z.abs().max() < 5
 
@@ -185,7 +186,8 @@ def test_bad_ratio_is_refused(ratio):
 
 
 def test_unknown_names_list_valid_ones():
-    with pytest.raises(registry.UnknownNameError, match="Did you mean 'topk'.*Available: .*randomk"):
+    with pytest.raises(registry.UnknownNameError,
+                       match="Did you mean 'topk'.*Available: .*randomk"):
         gracecomm.build("tpok")
     with pytest.raises(registry.UnknownNameError, match="unknown memory"):
         gracecomm.build("topk", "residul")
@@ -343,7 +345,7 @@ def test_recycled_buffers_are_never_lent_twice_across_threads(monkeypatch):
 
     def work(mark: float) -> None:
         held = []
-        for i in range(40):
+        for _ in range(40):
             out = dense_zeros(n, torch.float32, "cpu")
             if out.any():
                 failures.append("not zeroed")

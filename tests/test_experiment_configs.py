@@ -125,7 +125,8 @@ def test_natural_has_the_standard_counterparts():
 
 
 def _bloom(cfg: DictConfig) -> tuple[str, float] | None:
-    if compressor_name(cfg) != "deepreduce" or not cfg.compressor.index._target_.endswith("BloomIndex"):
+    if (compressor_name(cfg) != "deepreduce"
+            or not cfg.compressor.index._target_.endswith("BloomIndex")):
         return None
     return cfg.compressor.index.policy, cfg.compressor.index.fpr
 
@@ -151,7 +152,8 @@ def test_deepreduce_breaks_down_codecs_and_bloom_policies():
 def test_sparse_model_runs_deepreduce_without_a_sparsifier():
     cfgs = [c for c in sweep_compressors("sparse_model").values()
             if compressor_name(c) == "deepreduce"]
-    assert {c.compressor.sparsifier._target_ for c in cfgs} == {"gracecomm.compressors.deepreduce.NonZero"}
+    assert ({c.compressor.sparsifier._target_ for c in cfgs}
+            == {"gracecomm.compressors.deepreduce.NonZero"})
     assert sorted(_bloom(c) for c in cfgs) == [("p0", 0.6), ("p2", 0.01)]
     assert {"none"} <= {compressor_name(c) for c in sweep_compressors("sparse_model").values()}
 

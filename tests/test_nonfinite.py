@@ -229,7 +229,8 @@ def test_an_elementwise_compressor_takes_a_bucket_in_one_call(monkeypatch):
         n = math.prod(shape)
         views.append((f"t{i}", buf[pos:pos + n].view(shape)))
         pos += n
-    pipes = [gracecomm.build("fp16"), gracecomm.build("fp16"), gracecomm.build("fp16", memory="residual")]
+    pipes = [gracecomm.build("fp16"), gracecomm.build("fp16"),
+             gracecomm.build("fp16", memory="residual")]
     calls.clear()  # building warms the compressor up
     joined = pipes[0].step_many(views)
     assert calls == ["t0"]

@@ -57,7 +57,7 @@ def check_parameter_server(rank, world_size):
         outs = g.step_many(list(tensors.items()))
         stats = g.metrics.pop()
         down, sent = g.communicator.downlink, 0
-        for (tname, t), out in zip(tensors.items(), outs):
+        for tname, out in zip(tensors, outs):
             mean = expected_mean("none", world_size, tname)
             payload, ctx = down.compress(mean, tname)
             sent += payload_nbytes(payload)

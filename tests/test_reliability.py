@@ -164,7 +164,8 @@ def launch_rank(rank, port, tmp_path, *overrides):
     env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     return subprocess.Popen(
-        [sys.executable, "-m", "gracecomm.experiments.train", f"hydra.run.dir={tmp_path}/rank{rank}",
+        [sys.executable, "-m", "gracecomm.experiments.train",
+         f"hydra.run.dir={tmp_path}/rank{rank}",
          "trainer.progress=false", "trainer.max_steps=3", "trainer.collective_timeout_s=30",
          *overrides], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
@@ -180,7 +181,8 @@ def test_ranks_with_different_setups_are_refused(tmp_path, override, part):
     errs = [p.communicate(timeout=120)[1] for p in procs]
     for p, err in zip(procs, errs):
         assert p.returncode != 0
-        assert "ranks were started with different set-ups" in err and f"'{part}'" in err, err[-1500:]
+        assert "ranks were started with different set-ups" in err, err[-1500:]
+        assert f"'{part}'" in err, err[-1500:]
 
 
 def check_consistency(rank, world_size):

@@ -86,7 +86,8 @@ class IndexCodec(Stateful, ABC):
 class ValueCodec(Stateful, ABC):
     """Encodes a float32 value array. Order-preserving codecs decode the i-th value as the
     i-th; ``sorts`` codecs (curve fitting) decode values in the canonical sorted order of
-    `gracecomm.compressors.deepreduce.fitting.canonical_order` and return that order from `encode`."""
+    `gracecomm.compressors.deepreduce.fitting.canonical_order` and return that order from
+    `encode`."""
 
     codec_id: ClassVar[int]
     sorts: ClassVar[bool] = False

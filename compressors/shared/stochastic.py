@@ -62,8 +62,8 @@ KERNELS = os.environ.get("GRACECOMM_KERNELS", "1") != "0"
 
 
 def kernels_enabled(device: torch.device) -> bool:
-    """Whether the numba kernels of `gracecomm.compressors.shared.kernels` run for data on `device`: CPU, numba
-    installed, not disabled by GRACECOMM_KERNELS=0."""
+    """Whether the numba kernels of `gracecomm.compressors.shared.kernels` run for data on
+    `device`: CPU, numba installed, not disabled by GRACECOMM_KERNELS=0."""
     return KERNELS and device.type == "cpu" and numba_available()
 
 

@@ -192,7 +192,7 @@ def model_step(model: str, data: str, seed: int, repeats: int) -> list[Record]:
             compressor.decompress(*compressor.compress(g, name))
 
     best = {label: float("inf") for label, _ in methods}
-    for label, compressor in methods:
+    for _, compressor in methods:
         compressor.bind(None, Metrics())
         step(compressor)
     for _ in range(repeats):
