@@ -85,20 +85,47 @@ class TailTimer:
 
 
 class GradientExchange:
-    """Every gradient of `model` through `grace` once per step, honouring the parts' needs
-    (module docstring). `weight_decay` is added to the gradients before compression (needed
-    where a part owns the momentum; `check_optimizer` refuses an optimizer that still
-    applies its own). `asynchronous`: the hook returns before the bucket's exchange has
-    completed (the synchronous path waits; both give identical results).
+    """Every gradient of a model through a `Grace` pipeline once per step, honouring what
+    its parts need (module docstring): the DDP hook's state, and the exchange of a custom
+    loop (`step`).
 
-    `scaler`: the `torch.amp.GradScaler` of a mixed-precision loop. Compression then sees
-    the gradients divided by its current scale and the means are multiplied back, so the
-    compression state (residuals, momentum, clipping thresholds) is in the gradients' own
-    units whatever the loss scale; build the pipeline with ``check_finite=False`` so the
-    scaler's overflow steps pass through (`Grace`).
+    Args:
+        grace: The pipeline (`build`).
+        model: The model whose parameters' gradients are exchanged (for DDP, its
+            ``module``); parameters are named as ``model.named_parameters()`` names them.
+        optimizer: The optimizer, checked where a part applies the momentum itself (DGC,
+            Signum): it must then run without momentum and weight decay.
+        weight_decay: Added to the gradients before compression (times the parameters),
+            where a part owns the momentum.
+        asynchronous: The hook returns before the bucket's exchange has completed (True),
+            or waits for it; both give identical results.
+        scaler: The `torch.amp.GradScaler` of a mixed-precision loop. Compression then sees
+            the gradients divided by its current scale and the means are multiplied back,
+            so the compression state (residuals, momentum, clipping thresholds) is in the
+            gradients' own units whatever the loss scale; build the pipeline with
+            ``check_finite=False`` so the scaler's overflow steps pass through (`Grace`).
 
-    `error`: the exception the hook's exchange raised in the current step, of its own type
-    (DDP raises a hook's error again as a RuntimeError that only quotes it)."""
+    Raises:
+        ConfigError: `grace` is not a `Grace`, `weight_decay` is negative, or the optimizer
+            applies a momentum a part already applies (the message names the fix).
+
+    Attributes:
+        error: The exception the hook's exchange raised in the current step, of its own
+            type (DDP raises a hook's error again as a RuntimeError that only quotes it).
+
+    Example:
+        A custom loop without DDP (every rank runs it):
+
+        ```python
+        grace = gracecomm.build({"name": "topk", "ratio": 0.01})
+        exchange = gracecomm.GradientExchange(grace, model, optimizer)
+        for x, y in batches:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            exchange.step()      # every gradient is now the mean over ranks
+            optimizer.step()
+        ```
+    """
 
     def __init__(self, grace: Grace, model: nn.Module,
                  optimizer: torch.optim.Optimizer | None = None, *, weight_decay: float = 0.0,
@@ -123,7 +150,16 @@ class GradientExchange:
 
     def prepared(self, names: Sequence[str], grads: Sequence[torch.Tensor],
                  params: Sequence[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-        """(name, gradient / scale + weight_decay * parameter) for each tensor."""
+        """What the pipeline compresses for each gradient.
+
+        Args:
+            names: The parameters' names.
+            grads: Their gradients.
+            params: The parameters.
+
+        Returns:
+            (name, gradient / scale + weight_decay * parameter) for each.
+        """
         if self.scale != 1.0:
             grads = [g / self.scale for g in grads]
         if not self.weight_decay:
@@ -132,11 +168,17 @@ class GradientExchange:
                 for n, g, p in zip(names, grads, params)]
 
     def begin_step(self) -> None:
+        """Read the loss scaler's scale for the step about to be exchanged."""
         self.scale = 1.0 if self.scaler is None else float(self.scaler.get_scale())
 
     def write(self, grads: Sequence[torch.Tensor], means: Sequence[torch.Tensor]) -> None:
         """Store each mean (times the scale) as its gradient: one pass each, and without a
-        scale one call for all."""
+        scale one call for all.
+
+        Args:
+            grads: The gradients, overwritten.
+            means: Their means over ranks, in order.
+        """
         if self.scale != 1.0:
             for grad, mean in zip(grads, means):
                 torch.mul(mean.view_as(grad), self.scale, out=grad)
@@ -148,7 +190,12 @@ class GradientExchange:
 
     def step(self) -> None:
         """A custom loop's exchange: after backward, replace every gradient by the mean over
-        ranks (a parameter without a gradient contributes zeros). Every rank calls it."""
+        ranks (a parameter without a gradient contributes zeros). Every rank calls it.
+
+        Raises:
+            NonFiniteError: A gradient holds NaN or Inf (with ``check_finite``).
+            CommunicationError: A peer died or hung past the collective timeout.
+        """
         self.begin_step()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p)
                  for _, p in self.parameters]
@@ -160,7 +207,14 @@ class GradientExchange:
 
     # -- the DDP hook ---------------------------------------------------------------------
     def bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """The hook's work for one bucket: a future of the averaged bucket buffer."""
+        """The hook's work for one bucket (DDP calls it through `register_comm_hook`).
+
+        Args:
+            bucket: DDP's bucket of gradients.
+
+        Returns:
+            A future of the bucket's buffer holding the means over ranks.
+        """
         if bucket.index() == 0:  # DDP hands buckets over in index order
             self.error = None
             self.begin_step()
@@ -255,10 +309,36 @@ def register_comm_hook(model: DistributedDataParallel, grace: Grace,
                        optimizer: torch.optim.Optimizer | None = None, *,
                        weight_decay: float = 0.0, asynchronous: bool = True,
                        scaler: torch.amp.GradScaler | None = None) -> GradientExchange:
-    """Make `model` exchange its gradients through `grace`; returns the hook's state. Pass
-    the optimizer where a part applies the momentum itself (it is checked), the weight
-    decay to add before compression, and a mixed-precision loop's GradScaler
-    (`GradientExchange`)."""
+    """Make a DDP model exchange its gradients through a `Grace` pipeline.
+
+    The hook is asynchronous, like PyTorch's own: each bucket's exchange overlaps with the
+    backward pass of the next buckets (module docstring).
+
+    Args:
+        model: The `DistributedDataParallel` model.
+        grace: The pipeline (`build`).
+        optimizer: The optimizer, checked where a part applies the momentum itself.
+        weight_decay: Added to the gradients before compression, where a part owns the
+            momentum.
+        asynchronous: Overlap each bucket's exchange with the backward pass (True).
+        scaler: A mixed-precision loop's `torch.amp.GradScaler` (see `GradientExchange`).
+
+    Returns:
+        The hook's state, a `GradientExchange` (its ``error`` holds the exchange's error
+        of its own type after a failed step).
+
+    Raises:
+        TypeError: `model` is not a `DistributedDataParallel` model.
+        ConfigError: As `GradientExchange`.
+
+    Example:
+        ```python
+        ddp = DistributedDataParallel(model)
+        grace = gracecomm.build({"name": "topk", "ratio": 0.01})
+        gracecomm.register_comm_hook(ddp, grace, optimizer)
+        loss_fn(ddp(x), y).backward()   # gradients are exchanged compressed
+        ```
+    """
     if not isinstance(model, DistributedDataParallel):
         raise TypeError(f"register_comm_hook needs a DistributedDataParallel model, got "
                         f"{type(model).__name__}; wrap it first, or use "

@@ -20,7 +20,31 @@ from gracecomm.part import Part
 
 
 class Memory(Part, ABC, kind="memory"):
-    """Base class of all memories."""
+    """Base class of all memories.
+
+    A subclass implements `compensate` and `update`, declares its state in ``state_attrs``
+    (`gracecomm.state`) and registers itself (``@MEMORIES.register("name")``).
+
+    Example:
+        Error feedback in five lines (the built-in ``residual`` adds scaling options):
+
+        >>> import torch
+        >>> from gracecomm import Memory, create
+        >>> class Residual(Memory):
+        ...     state_attrs = ("residuals",)
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.residuals = {}
+        ...     def compensate(self, tensor, name):
+        ...         return tensor + self.residuals.get(name, 0.0)
+        ...     def update(self, tensor, name, compressor, payload, ctx):
+        ...         self.residuals[name] = compressor.subtract_decompressed(tensor, payload, ctx)
+        >>> top, memory = create("compressor", "topk", ratio=0.5), Residual()
+        >>> t = memory.compensate(torch.tensor([1.0, -3.0]), "w")
+        >>> memory.update(t, "w", top, *top.compress(t, "w"))
+        >>> memory.state_dict()
+        {'residuals': {'w': tensor([1., 0.])}}
+    """
 
     identity: ClassVar[bool] = False  # compensate returns its input and update keeps nothing
 
@@ -30,26 +54,65 @@ class Memory(Part, ABC, kind="memory"):
         return False
 
     def needs(self) -> frozenset[Need]:
-        """What this memory needs from the exchange (`gracecomm.needs`)."""
+        """What this memory needs from the exchange.
+
+        Returns:
+            Its requirements (`gracecomm.needs`); none by default.
+        """
         return frozenset()
 
     def check(self, compressor: Compressor) -> None:
-        """Raise `IncompatibleError` if this memory cannot work with `compressor`."""
+        """Check that this memory can work with a compressor (the pipeline calls it once).
+
+        Args:
+            compressor: The pipeline's compressor.
+
+        Raises:
+            IncompatibleError: It cannot (the message names what to pick instead).
+        """
 
     @abstractmethod
     def compensate(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
-        """Return the tensor to compress (e.g. the gradient plus the residual)."""
+        """The tensor to compress, before compression.
+
+        Args:
+            tensor: The gradient.
+            name: Its name, which keys per-tensor state.
+
+        Returns:
+            The tensor to compress (e.g. the gradient plus the residual).
+        """
 
     @abstractmethod
     def update(self, tensor: torch.Tensor, name: str, compressor: Compressor,
                payload: Payload, ctx: Any) -> None:
-        """Record what was not sent; `tensor` is what `compensate` returned."""
+        """Record what was not sent, after compression.
+
+        Args:
+            tensor: What `compensate` returned.
+            name: Its name.
+            compressor: The compressor (for `Compressor.subtract_decompressed`).
+            payload: This rank's payload for the tensor.
+            ctx: Its ctx.
+        """
 
     def update_mean(self, tensor: torch.Tensor, name: str, compressor: Compressor, ctx: Any,
                     mean: torch.Tensor) -> None:
-        """After the exchange (memories with ``wants_mean``): `tensor` is what `compensate`
-        returned, `mean` the mean over ranks the exchange returned for it."""
+        """After the exchange, for memories with ``wants_mean``.
+
+        Args:
+            tensor: What `compensate` returned.
+            name: Its name.
+            compressor: The compressor.
+            ctx: This rank's ctx for the tensor.
+            mean: The mean over ranks the exchange returned for it.
+        """
 
     def set_local_norm(self, norm: float) -> None:
-        """The norm of all local gradients of the step, given by the pipeline before any of
-        them is compensated, to memories that need `Need.GLOBAL_NORM` (DGC's clipping)."""
+        """Receive the norm of all local gradients of the step, for memories that need
+        `Need.GLOBAL_NORM` (DGC's clipping); the pipeline gives it before any gradient of
+        the step is compensated.
+
+        Args:
+            norm: The 2-norm of the concatenation of the step's local gradients.
+        """
