@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from gracecomm.experiments.bench.compressors import GradientStream, quality_band, synthetic
@@ -20,6 +21,7 @@ def bench(tmp_path, *overrides):
     return proc, json.loads((tmp_path / "bench.json").read_text())
 
 
+@pytest.mark.slow
 def test_compressors_suite_runs(tmp_path):
     methods = ("[topk,randomk,none,dgc,{name:sidco,label:sidco_gp,variant:sidco_gp},"
                "redsync,gaussiank]")
@@ -66,6 +68,7 @@ def test_synthetic_sources_and_quality_band():
     assert band["quality"] == 1.0 and band["quality_p5"] < 1.0 < band["quality_p95"]
 
 
+@pytest.mark.slow
 def test_hook_suite_runs_two_ranks_and_names_bad_methods(tmp_path):
     """Plain DDP, this library's hook and PyTorch's fp16 hook on 2 Gloo ranks; each record
     is set against plain DDP (and PyTorch's hook where the method has one)."""

@@ -195,6 +195,25 @@ def test_unknown_names_list_valid_ones():
         gracecomm.build("topk", "none", "allgater")
 
 
+@pytest.mark.parametrize("spec,where,new", [
+    ({"_target_": "grace.compressors.topk.TopK", "ratio": 0.01}, "<root>",
+     "gracecomm.compressors.topk.TopK"),
+    ({"_target_": "gracecomm.compressors.compose.Compose",
+      "compressors": ["randomk", {"_target_": "grace.compressors.cast.FP16"}]},
+     "compressors[1]", "gracecomm.compressors.cast.FP16"),
+])
+def test_an_old_grace_target_names_its_new_path(spec, where, new):
+    """A config saved before the one import root: its ``grace.*`` _target_ is refused with
+    the ``gracecomm.*`` path to use, at any depth, before anything is imported."""
+    old = new.replace("gracecomm.", "grace.", 1)
+    with pytest.raises(ConfigError) as err:
+        gracecomm.build(spec)
+    assert str(err.value) == (f"config '{where}' has _target_ '{old}': the core moved to the "
+                              f"import root gracecomm, use '{new}'")
+    with pytest.raises(ConfigError, match="use 'gracecomm.memories.residual.Residual'"):
+        gracecomm.build("topk", {"_target_": "grace.memories.residual.Residual"})
+
+
 def test_incompatible_pairing_is_refused_at_build_time():
     for name in ("topk", "threshold"):
         with pytest.raises(gracecomm.IncompatibleError, match="not summable"):

@@ -58,6 +58,7 @@ def step_every_pair(rank, world_size):
         assert set(result) == {"test_loss", task.metric} and math.isfinite(result[task.metric])
 
 
+@pytest.mark.slow
 def test_every_model_and_data_set_takes_a_step_on_two_ranks():
     run_ranks(step_every_pair, 2, timeout_s=240)
 

@@ -62,6 +62,7 @@ def netbench(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
                           capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not ROOT, reason="needs root and iproute2 (ip, tc) for a network namespace")
 def test_a_shaped_run_prints_its_json_and_removes_its_namespace(tmp_path):
@@ -81,6 +82,7 @@ def test_a_shaped_run_prints_its_json_and_removes_its_namespace(tmp_path):
     assert namespaces() == before
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root, the tools are what is missing")
 def test_without_iproute2_it_says_so_and_makes_no_namespace(tmp_path):
     before = namespaces() if ROOT else []

@@ -87,6 +87,7 @@ def check_parameter_server(rank, world_size):
         torch.randn(30), "after"))
 
 
+@pytest.mark.slow
 def test_parameter_server_returns_the_mean():
     run_ranks(check_parameter_server, 3)  # the master first and last, a rank in between
 

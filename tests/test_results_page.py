@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "results" / "reproduce.sh"
 
@@ -25,6 +27,7 @@ def test_every_step_runs_by_default_and_has_a_stamp_on_the_page():
         assert page.count(f"<!-- stamp:{step} -->") == 1, step
 
 
+@pytest.mark.slow
 def test_stamp_names_the_commit_and_uncommitted_changes(tmp_path):
     def git(*args):
         return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True,
@@ -57,6 +60,7 @@ def test_no_placeholder_is_left_on_the_page():
     assert re.findall(r"@@\w+@@", page) == []
 
 
+@pytest.mark.slow
 def test_the_sidco_bound_script_runs():
     """`python results/sidco_bound.py` (the results page's floor for SIDCo-E on heavy tails)
     still runs against the kernels it drives, on a small tensor."""
