@@ -61,6 +61,7 @@ def test_sweep_names_registered_compressors_and_existing_presets(experiment):
             assert not unknown, f"{experiment}: {key} names {unknown}, not in {options}"
 
 
+@pytest.mark.slow  # composes and builds every job: seconds per sweep
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_job_of_the_sweep_composes_and_builds(experiment):
     for overrides in jobs(experiment):
