@@ -76,6 +76,7 @@ def sweep_compressors(experiment: str, *arguments: str) -> dict[str, DictConfig]
             for job in jobs(experiment, *arguments)}
 
 
+@pytest.mark.slow  # composes every job of a sweep: seconds
 def test_grace_benchmark_covers_every_registered_compressor():
     cfgs = sweep_compressors("grace_benchmark")
     assert sorted({compressor_name(c) for c in cfgs.values()}) == registry.available("compressor")
@@ -90,6 +91,7 @@ def test_grace_benchmark_covers_every_registered_compressor():
     assert (lgc.warmup_iters, lgc.ae_train_iters) == (20, 60)
 
 
+@pytest.mark.slow  # composes every job of a sweep: seconds
 def test_every_method_runs_every_compressor_from_its_name_alone():
     """Each job is ``compressor=NAME seed=S`` on the default experiment: nothing else."""
     assert values("every_method", "seed") == ["0", "1", "2"]
@@ -132,6 +134,7 @@ def _bloom(cfg: DictConfig) -> tuple[str, float] | None:
     return cfg.compressor.index.policy, cfg.compressor.index.fpr
 
 
+@pytest.mark.slow  # composes every job of a sweep: seconds
 def test_deepreduce_breaks_down_codecs_and_bloom_policies():
     cfgs = sweep_compressors("deepreduce")
     index = {c.compressor.index._target_.rsplit(".", 1)[1] for c in cfgs.values()

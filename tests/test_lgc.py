@@ -217,6 +217,7 @@ def test_non_finite_reconstruction_raises():
         comp.check_reconstruction(torch.tensor([1.0, float("inf")]))
 
 
+@pytest.mark.slow  # trains the autoencoder through its phases: seconds
 @pytest.mark.parametrize("name", ["lgc_rar", "lgc_ps"])
 def test_state_round_trips_through_a_checkpoint(name):
     """Resume mid-phase 2 from a `weights_only` checkpoint: the next steps (through phase 3)

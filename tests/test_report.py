@@ -121,6 +121,7 @@ def test_pareto_front(higher, front):
     assert pareto_front(points, higher) == front
 
 
+@pytest.mark.slow  # W&B's offline mode starts its service process
 def test_report_goes_to_wandb_offline(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
