@@ -309,6 +309,7 @@ def test_bench_deepreduce_suite(capsys):
     assert "targets (same run)" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a benchmark suite: seconds
 def test_bench_fig10_suite():
     """Top-r's indices are 4r bytes (r = 64 of 640: a tenth of dense); the Bloom filters'
     measured bits per index are the size formula's m/r rounded up to whole bytes, and they
