@@ -67,7 +67,7 @@ class ParameterServer(Communicator):
         except ConfigError as err:
             raise ConfigError(f"{self.label}: option 'downlink' must be null or a compressor: "
                               f"{err}") from err
-        if self.downlink is not None and self.downlink.model_level:
+        if self.downlink is not None and self.downlink.capabilities().model_level:
             raise IncompatibleError(f"{self.label}: option 'downlink' names "
                                     f"{self.downlink.label}, which compresses whole models; "
                                     "pick a per-tensor compressor")

@@ -50,7 +50,7 @@ class Compose(Compressor):
             raise ConfigError(f"{self.label}: option 'compressors' needs at least two "
                               f"compressors, got {len(stages)}")
         for i, stage in enumerate(stages):
-            if not isinstance(stage, Compressor) or stage.model_level:
+            if not isinstance(stage, Compressor) or stage.capabilities().model_level:
                 raise ConfigError(f"{self.label}: compressors[{i}] must be a per-tensor "
                                   f"compressor, got {type(stage).__name__}")
         self.stages = stages
@@ -68,7 +68,8 @@ class Compose(Compressor):
                             else "none"),
             default_communicator="allreduce" if summable else "allgather",
             communicators=tuple(sorted(set.intersection(*allowed))) if allowed else None,
-            elementwise=all(s.elementwise for s in stages))
+            elementwise=all(s.elementwise for s in stages),
+            model_level=False)  # no stage is (refused in __init__)
 
     def needs(self) -> frozenset[Need]:
         return frozenset().union(*(stage.needs() for stage in self.stages))

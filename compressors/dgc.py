@@ -3,9 +3,10 @@ Sec. 3 and App.): the threshold is the k-th largest magnitude of a
 small random sample, and when that selects too many elements a second, small top-k re-selects
 exactly k among them (hierarchical selection).
 
-Pair it with `gracecomm.memories.dgc.DGCMemory` (momentum correction, momentum factor masking, local
-gradient clipping; the default) or with residual memory; the density warm-up of DGC's Sec. 3.4
-is `warmup_epochs` (`gracecomm.compressors.shared.schedule.RatioSchedule`; on in the ``dgc_reference`` preset).
+Pair it with `gracecomm.memories.dgc.DGCMemory` (momentum correction, momentum factor
+masking, local gradient clipping; the default) or with residual memory; the density warm-up
+of DGC's Sec. 3.4 is `warmup_epochs` (`gracecomm.compressors.shared.schedule.RatioSchedule`;
+on in the ``dgc_reference`` preset).
 """
 
 from __future__ import annotations

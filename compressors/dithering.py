@@ -8,8 +8,8 @@ probability (y_i - l_{u+1}) / (l_u - l_{u+1}); the output is ||x||_p sign(x_i) x
 
 - standard levels {0, 1/s, ..., 1};
 - natural levels {0, 2^(1-s), ..., 1/2, 1}: above 2^(1-s) this is natural compression of y
-  (`gracecomm.compressors.shared.stochastic.natural_round_bits`), below it rounds between 0 and 2^(1-s). Theorem 5:
-  s natural levels match the variance of 2^(s-1) standard ones.
+  (`gracecomm.compressors.shared.stochastic.natural_round_bits`), below it rounds between 0
+  and 2^(1-s). Theorem 5: s natural levels match the variance of 2^(s-1) standard ones.
 
 ``norm_compression: natural`` sends C_nat(||x||_p) instead of the norm (an independent draw,
 still unbiased; Theorem 3 multiplies the variance bound by 9/8).

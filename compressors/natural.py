@@ -32,8 +32,9 @@ zero``, counted as ``nonfinite``). float16 and bfloat16 are rounded in float32 a
 ``rounding: deterministic`` rounds to the nearer power of two ((b + 2^22) & 0xFF800000, ties
 up): biased (relative error at most 1/3), no random numbers; pair it with residual memory.
 
-Random numbers (``rng``): ``counter`` draws mix(element index, key) (`gracecomm.compressors.shared.stochastic`); on
-CPU with numba installed a fused kernel draws, rounds and writes the nat9 planes in one pass.
+Random numbers (``rng``): ``counter`` draws mix(element index, key)
+(`gracecomm.compressors.shared.stochastic`); on CPU with numba installed a fused kernel draws,
+rounds and writes the nat9 planes in one pass.
 ``torch`` uses ``torch.randint``. Same distribution, different bits.
 """
 

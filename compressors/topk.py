@@ -19,8 +19,8 @@ class TopK(Sparsifier):
     The kept magnitudes are exactly those of ``torch.topk(|g|, k)``; among equal magnitudes
     the lowest indices are kept, so the choice is the same on every rank and every backend.
     ``backend``: ``auto`` (numba on CPU: a sampled threshold, one fused pass collecting the
-    candidates and an exact pick among them, `gracecomm.compressors.shared.exceedance.top_k`), ``numba`` or
-    ``torch`` (any device)."""
+    candidates and an exact pick among them, `gracecomm.compressors.shared.exceedance.top_k`),
+    ``numba`` or ``torch`` (any device)."""
 
     fixed_size = True
 

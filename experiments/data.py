@@ -25,8 +25,8 @@ class MissingDataset(MissingDependency):
 
 @dataclass
 class DataBundle:
-    """Train and test sets plus the task (`gracecomm.experiments.tasks`) that decides the loss and the
-    metric: ``classification`` (accuracy), ``recommendation`` (hit rate @ K) or
+    """Train and test sets plus the task (`gracecomm.experiments.tasks`) that decides the loss
+    and the metric: ``classification`` (accuracy), ``recommendation`` (hit rate @ K) or
     ``language_modelling`` (perplexity); `task_options` go to the task (e.g. ``{"k": 10}``)."""
 
     train: Dataset
@@ -174,7 +174,8 @@ def pydoc_text(vocab_size: int = 2000, seq_len: int = 35, test_fraction: float =
     except ImportError as err:  # some distributions strip it from the standard library
         raise MissingDependency(f"{owner} needs the standard library's pydoc_data package, "
                                 "which this Python installation lacks; install the full "
-                                "standard library (e.g. apt-get install libpython3-stdlib)") from err
+                                "standard library (e.g. apt-get install libpython3-stdlib)"
+                                ) from err
     tokens = TOKEN.findall("\n".join(topics[key] for key in sorted(topics)).lower())
     split = int(len(tokens) * (1 - test_fraction))
     counts = Counter(tokens[:split])

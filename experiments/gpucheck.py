@@ -64,7 +64,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import gracecomm
-from gracecomm import communicators, compressors, memories
+from gracecomm import communicators, compressors, memories, registry
 from gracecomm.compressor import Compressor, Payload
 from gracecomm.compressors.shared.stochastic import torch_paths
 from gracecomm.config import instantiate
@@ -89,25 +89,29 @@ class Entry:
     overrides: tuple[str, ...]
 
 
-def extra_overrides(cfg: DictConfig) -> dict[str, tuple[str, ...]]:
-    """``cfg.extra_overrides``: label -> the overrides the check adds to that method's own
-    (LGC's phases shortened so that a few steps reach every phase)."""
-    return {str(k): tuple(v) for k, v in (cfg.get("extra_overrides") or {}).items()}
+def short_schedule(cfg: DictConfig, compressor: str) -> tuple[str, ...]:
+    """The overrides of ``cfg.short_schedule`` (option -> value) that `compressor` takes as
+    options (its constructor's), so that a few steps reach every phase of a method with
+    phases (LGC's ``warmup_iters``, ``ae_train_iters``)."""
+    options = registry.options_of(registry.get("compressor", compressor)) or {}
+    return tuple(f"compressor.{key}={value}"
+                 for key, value in (cfg.get("short_schedule") or {}).items() if key in options)
 
 
 def entries(cfg: DictConfig) -> list[Entry]:
     """Every registered compressor, a DeepReduce per registered index and value codec, and
     the variants; `cfg.methods`, if set, picks some of them by label."""
-    extra = extra_overrides(cfg)
-    found = [Entry(name, (f"compressor={name}", *extra.get(name, ())))
+    found = [Entry(name, (f"compressor={name}", *short_schedule(cfg, name)))
              for name in gracecomm.available("compressor")]
     for kind in ("index", "value"):
         for codec in gracecomm.available(f"{kind}_codec"):
-            label = f"deepreduce[{kind}={codec}]"
-            found.append(Entry(label, ("compressor=deepreduce", f"compressor/{kind}={codec}",
-                                       *extra.get(label, ()))))
-    for label, overrides in (cfg.get("variants") or {}).items():
-        found.append(Entry(str(label), tuple(overrides)))
+            found.append(Entry(f"deepreduce[{kind}={codec}]",
+                               ("compressor=deepreduce", f"compressor/{kind}={codec}")))
+    for name, options in (cfg.get("variants") or {}).items():
+        settings = [f"{key}={value}" for key, value in options.items()]
+        found.append(Entry(f"{name}[{','.join(settings)}]",
+                           (f"compressor={name}", *short_schedule(cfg, str(name)),
+                            *(f"compressor.{s}" for s in settings))))
     if cfg.get("methods") is None:
         return found
     by_label = {e.label: e for e in found}
@@ -470,7 +474,6 @@ def ddp_check(cfg: DictConfig, device: torch.device, out_dir: Path) -> Record:
     d = cfg.ddp
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     backend = "nccl" if gpus >= int(d.world_size) else "gloo"
-    extra = extra_overrides(cfg)
     runs: dict[str, Record] = {}
     for method in d.methods:
         run_dir = out_dir / "ddp" / str(method)
@@ -479,7 +482,7 @@ def ddp_check(cfg: DictConfig, device: torch.device, out_dir: Path) -> Record:
                f"trainer.world_size={int(d.world_size)}", f"trainer.max_steps={int(d.steps)}",
                "trainer.epochs=1", "trainer.progress=false", "trainer.exchange=hook",
                f"trainer.timeout_s={float(d.timeout_s)}", f"compressor={method}",
-               *extra.get(str(method), ())]
+               *short_schedule(cfg, str(method))]
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True,

@@ -3,7 +3,7 @@ both of the bases the comparison needs, the autoencoder's reconstruction, timing
 accuracy against the dense and DGC runs found next to them; then phase 3 next to the LGC
 paper's Table VI.
 
-    python -m gracecomm.experiments.lgc_report multirun/2026-11-22/10-00-00     # a sweep directory
+    python -m gracecomm.experiments.lgc_report multirun/2026-11-22/10-00-00  # a sweep directory
     python -m gracecomm.experiments.lgc_report RUN_DIR [RUN_DIR ...] --plot recon.png
 
 Every finished run below the given paths is read (`gracecomm.experiments.report.read_run`).

@@ -4,8 +4,11 @@ its task (`DataBundle.task`); models name the task whose batches they take (`Mod
 | task | training loss | test metric (summary key) |
 |---|---|---|
 | ``classification`` | cross-entropy | accuracy (``test_acc``) |
-| ``recommendation`` | binary cross-entropy on interactions and sampled negatives | hit rate @ K among the candidates (``test_hr@K``, He et al. 2017) |
-| ``language_modelling`` | cross-entropy per token | perplexity exp(mean cross-entropy per token) (``test_ppl``) |
+| ``recommendation`` | binary cross-entropy (1) | hit rate @ K (2) (``test_hr@K``) |
+| ``language_modelling`` | cross-entropy per token | perplexity (3) (``test_ppl``) |
+
+(1) on the interactions and sampled negatives; (2) among the candidates, as in He et al.
+2017; (3) exp(mean cross-entropy per token).
 
 Evaluation works on sums (loss, loss count, metric, metric count) so each rank evaluates a
 shard of the test set and the sums are added over ranks. `Task.chance` is the metric of a

@@ -6,7 +6,10 @@ hook, with PyTorch doing the exchange.
 |---|---|
 | ``none`` | no hook: DDP's own bucketed allreduce |
 | ``fp16``, ``bf16`` | ``fp16_compress_hook``, ``bf16_compress_hook`` |
-| ``powersgd`` | ``powerSGD_hook`` with the compressor's rank, warm start, seed, dense warm-up (``start_iter``), ``min_compression_rate`` and error feedback (residual memory) |
+| ``powersgd`` | ``powerSGD_hook`` with the compressor's options (below) |
+
+PowerSGD's hook takes the compressor's rank, warm start, seed, dense warm-up
+(``start_iter``), ``min_compression_rate`` and error feedback (residual memory).
 
 Bytes are counted as this library counts its own: the tensors PyTorch hands to
 ``dist.all_reduce`` (`AllreduceCounter`; its hooks run their later allreduces in future

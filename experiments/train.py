@@ -1,9 +1,9 @@
 """Data-parallel training with compressed gradient exchange (Hydra entry point).
 
-    gracecomm-train                                              # 2 Gloo workers, digits, Top-1%
+    gracecomm-train                                # 2 Gloo workers, digits, Top-1%
     gracecomm-train compressor=topk compressor.ratio=0.01
-    gracecomm-train -m compressor=none,topk,randomk              # a sweep
-    torchrun --nproc_per_node=2 -m gracecomm.experiments.train   # join torchrun's group
+    gracecomm-train -m compressor=none,topk,randomk                # a sweep
+    torchrun --nproc_per_node=2 -m gracecomm.experiments.train     # join torchrun's group
 
 Without launcher variables the command spawns `trainer.world_size` local workers on
 127.0.0.1; under torchrun it joins the launcher's process group instead. Rank 0 writes

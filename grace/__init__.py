@@ -1,17 +1,21 @@
 """gracecomm: compressed gradient communication for data-parallel PyTorch training.
 
-Three abstractions, composed per tensor (see DESIGN.md):
+Three abstractions, composed per tensor (the documentation's design page, docs/design.md,
+describes how they fit together):
 
 - `Compressor` turns a tensor into a payload (what goes on the wire) and a local ctx;
 - `Memory` adds error feedback around it;
 - `Communicator` exchanges payloads and returns the mean over ranks, counting the bytes.
 
+Example:
+    ```python
     from gracecomm import build, register_comm_hook
     grace = build({"name": "topk", "ratio": 0.01}, "residual")
     register_comm_hook(ddp_model, grace, optimizer)   # asynchronous, overlaps backward
     state, hook = comm_hook(grace, model, optimizer)  # for frameworks that register hooks
     # custom loops: GradientExchange(grace, model, optimizer).step() after backward,
     # or grace.step(tensor, name) per tensor
+    ```
 """
 
 from gracecomm.communicator import Communicator

@@ -19,58 +19,65 @@ from __future__ import annotations
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Hashable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from gracecomm.compressor import Compressor, Payload
-from gracecomm.exchange import Continuations, Exchange, Link, Rounds, Works
-from gracecomm.metrics import Metrics
-from gracecomm.state import Stateful
+from gracecomm.exchange import Collectives, Exchange, Link, Rounds, Works
+from gracecomm.part import Part
 from gracecomm.validation import IncompatibleError, PayloadError, check_choice
-from gracecomm.wire import DTYPES, dtype_code, from_bytes, payload_nbytes, to_bytes
+from gracecomm.wire import DTYPES, dtype_code, from_bytes, to_bytes
 
 Item = tuple[Payload, Any, str]  # (payload, ctx, tensor name)
 
 
-class Communicator(Stateful, ABC):
-    """Base class of all communicators."""
+class Communicator(Part, Collectives, ABC, kind="communicator"):
+    """Base class of all communicators: the exchange of payloads (`exchange`) on top of the
+    process group and accounted collectives of `gracecomm.exchange.Collectives`.
 
-    registry_name: ClassVar[str] = ""
+    Args:
+        group: The process group to exchange on (None: the default group).
+        checksum: Append a CRC-32 of its payload bytes to what each rank sends, checked
+            on receipt (`PayloadError` naming the rank whose bytes were corrupted).
+
+    Raises:
+        ConfigError: `checksum` is not a bool.
+
+    A subclass implements `exchange` and registers itself
+    (``@COMMUNICATORS.register("name")``); the helpers below serialise payloads, exchange
+    their sizes and check what peers send.
+
+    Example:
+        In one process a communicator is a world of one rank:
+
+        >>> import torch, gracecomm
+        >>> grace = gracecomm.build({"name": "topk", "ratio": 0.5})
+        >>> payload, ctx = grace.compressor.compress(torch.tensor([1.0, -3.0]), "w")
+        >>> grace.communicator.send_receive(payload, ctx, "w")
+        tensor([ 0., -3.])
+        >>> grace.metrics.pop()["wire_bytes"]  # one float32 value and one int32 index
+        8.0
+    """
 
     def __init__(self, group: Any = None, checksum: bool = False) -> None:
+        super().__init__()
         self.group = group
         self.checksum = check_choice(checksum, (False, True), self.label, "checksum")
         self.compressor: Compressor | None = None
-        self.metrics = Metrics()
-        self._continuations: Continuations | None = None
         self._agreed: dict[tuple[tuple[str, Hashable], ...], list[tuple[int, torch.dtype]]] = {}
         # fixed payload layouts, per tensors and phase
 
-    @property
-    def label(self) -> str:
-        return f"communicator '{self.registry_name or type(self).__name__}'"
-
-    # -- process group --------------------------------------------------------------------
-    @property
-    def distributed(self) -> bool:
-        return dist.is_available() and dist.is_initialized()
-
-    @property
-    def world_size(self) -> int:
-        return dist.get_world_size(self.group) if self.distributed else 1
-
-    @property
-    def rank(self) -> int:
-        return dist.get_rank(self.group) if self.distributed else 0
-
-    def global_rank(self, group_rank: int) -> int:
-        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
-
     # -- set-up ---------------------------------------------------------------------------
     def check(self, compressor: Compressor) -> None:
-        """Raise `IncompatibleError` if this communicator cannot carry `compressor`'s payloads."""
+        """Check that this communicator can carry a compressor's payloads.
+
+        Args:
+            compressor: The compressor.
+
+        Raises:
+            IncompatibleError: It cannot (the message names the communicator to set).
+        """
         allowed = compressor.capabilities().communicators
         if allowed is not None and self.registry_name not in allowed:
             raise IncompatibleError(
@@ -78,107 +85,79 @@ class Communicator(Stateful, ABC):
                 f"{' or '.join(repr(a) for a in allowed)}, not {self.registry_name!r}; "
                 f"set communicator={allowed[0]}")
 
-    def bind(self, compressor: Compressor, metrics: Metrics) -> None:
+    def attach(self, compressor: Compressor) -> None:
+        """Carry `compressor`'s payloads from now on (called by the pipeline once).
+
+        Args:
+            compressor: The pipeline's compressor.
+
+        Raises:
+            IncompatibleError: This communicator cannot carry them (`check`).
+        """
         self.check(compressor)
         self.compressor = compressor
-        self.metrics = metrics
 
     # -- the pipeline's entry points -------------------------------------------------------
     @abstractmethod
     def exchange(self, items: Sequence[Item], link: Link) -> Rounds:
-        """The exchange of `items` as rounds of collectives launched through `link` (each
-        round yields its Works; see `gracecomm.exchange`); returns the mean over ranks of every
-        item as a dense tensor, in order. One DDP bucket is one call: as few collectives as
-        the method allows (one, plus the sizes where they vary)."""
+        """The exchange of some payloads as rounds of collectives (`gracecomm.exchange`).
+
+        One DDP bucket is one call: as few collectives as the method allows (one, plus the
+        sizes where they vary).
+
+        Args:
+            items: (payload, ctx, tensor name) of each tensor, in the same order on every
+                rank.
+            link: The exchange's accounted collectives; each round launches collectives
+                through it and yields their Works.
+
+        Returns:
+            A generator of rounds that returns the mean over ranks of every item as a
+            dense tensor, in order.
+
+        Raises:
+            PayloadError: A peer's payload (or its announced size) is malformed.
+        """
 
     def start(self, items: Sequence[Item],
               finish: Callable[[list[torch.Tensor]], Any] | None = None) -> Exchange:
-        """Launch the first round of exchanging `items` on this rank's thread; `Exchange.wait`
-        or `Exchange.submit` runs the rest (`finish` transforms the means). No items: no
-        collective."""
+        """Launch the first round of an exchange on this rank's thread.
+
+        Args:
+            items: (payload, ctx, tensor name) of each tensor; none: no collective.
+            finish: Transforms the means before they are returned.
+
+        Returns:
+            The started `gracecomm.exchange.Exchange`: `Exchange.wait` or `Exchange.submit`
+            runs the rest.
+        """
         link = self.link()
         rounds = self.exchange(items, link) if items else nothing()
         return Exchange(self, rounds, link, [name for _, _, name in items], finish)
 
-    def link(self, nonfinite: bool | None = None) -> Link:
-        """The accounted asynchronous collectives of one new exchange (`nonfinite`: this
-        rank's status, where non-finite steps pass through; see `Link`)."""
-        return Link(self, self.group, nonfinite)
-
-    def continuations(self) -> Continuations:
-        """The worker that runs later rounds of submitted exchanges (created on first use;
-        every rank reaches its first asynchronous exchange at the same point)."""
-        if self._continuations is None:
-            self._continuations = Continuations(self.group)
-        return self._continuations
-
     def send_receive(self, payload: Payload, ctx: Any, name: str) -> torch.Tensor:
-        """Send this rank's payload and return the mean over ranks as a dense tensor."""
+        """Send this rank's payload of one tensor and receive the mean over ranks.
+
+        Args:
+            payload: This rank's payload.
+            ctx: Its ctx.
+            name: The tensor's name, the same on every rank.
+
+        Returns:
+            The mean over ranks, a dense tensor of the original shape and dtype.
+        """
         return self.send_receive_many([(payload, ctx, name)])[0]
 
     def send_receive_many(self, items: Sequence[Item]) -> list[torch.Tensor]:
-        """`send_receive` for several tensors at once, synchronously."""
+        """`send_receive` for several tensors at once, synchronously.
+
+        Args:
+            items: (payload, ctx, tensor name) of each tensor.
+
+        Returns:
+            The mean over ranks of each, in order.
+        """
         return self.start(items).wait()
-
-    # -- accounted collectives ------------------------------------------------------------
-    def count(self, wire_bytes: int, sent_bytes: int | None = None) -> None:
-        """Credit this rank with `wire_bytes` of payload (and `sent_bytes` really moved)."""
-        self.metrics.add("wire_bytes", wire_bytes)
-        self.metrics.add("sent_bytes", wire_bytes if sent_bytes is None else sent_bytes)
-
-    def wait_for(self, works: Works, key: str = "comm_s") -> None:
-        """Wait for launched collectives, adding the time to `key` (``comm_s``: the time the
-        training thread waited; ``comm_async_s``: the exchange worker's waits)."""
-        if works:
-            with self.metrics.timer(key):
-                for work in works:
-                    work.wait()
-
-    def run_now(self, rounds: Generator[Works, None, Any]) -> Any:
-        """Run rounds of collectives on this thread and return what they return."""
-        try:
-            while True:
-                self.wait_for(next(rounds))
-        except StopIteration as stop:
-            return stop.value
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum `tensor` over ranks in place (counted as payload)."""
-        self.count(payload_nbytes([tensor]))
-        if self.world_size > 1:
-            self.wait_for([Link(self, self.group).all_reduce(tensor)])
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's `tensor` (same shape on all ranks), in rank order (counted)."""
-        self.count(payload_nbytes([tensor]))
-        if self.world_size == 1:
-            return [tensor]
-        out, work = Link(self, self.group).all_gather(tensor)
-        self.wait_for([work])
-        return out
-
-    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        """Overwrite `tensor` with rank `src`'s copy; the bytes are credited to `src`."""
-        if self.rank == src:
-            self.count(payload_nbytes([tensor]))
-        if self.world_size > 1:
-            self.wait_for([Link(self, self.group).broadcast(tensor, src)])
-        return tensor
-
-    def gather_sizes(self, numels: Sequence[int], device: torch.device) -> list[list[int]]:
-        """Every rank's `numels` (one small allgather on this thread; counted as sent)."""
-        if self.world_size == 1:
-            return [list(numels)]
-        return self.run_now(self._gather_ints(Link(self, self.group), numels, device))
-
-    def _gather_ints(self, link: Link, numels: Sequence[int], device: torch.device
-                     ) -> Generator[Works, None, list[list[int]]]:
-        local = torch.tensor(list(numels), dtype=torch.int64, device=device)
-        self.metrics.add("sent_bytes", local.numel() * 8)
-        out, work = link.all_gather(local)
-        yield (work,)
-        return [o.tolist() for o in out]
 
     def size_round(self, link: Link, items: Sequence[Item], device: torch.device
                    ) -> Generator[Works, None, list[list[int]]]:
@@ -189,7 +168,20 @@ class Communicator(Stateful, ABC):
         phase (`Compressor.layout_phase`), to agree on them, and from then on only this rank's
         payload (sizes and dtypes) is checked against the agreed layout, with no round,
         before it goes on the wire: a collective whose sizes differ between ranks would abort
-        the process."""
+        the process.
+
+        Args:
+            link: The exchange's accounted collectives.
+            items: (payload, ctx, tensor name) of each tensor.
+            device: Where the sizes are exchanged.
+
+        Returns:
+            A generator of rounds that returns every rank's byte counts, in rank order.
+
+        Raises:
+            PayloadError: A rank announced negative sizes, too many bytes, other dtypes, or
+                (fixed size) another layout.
+        """
         local = self.flatten(items)
         sizes = [t.numel() * t.element_size() for t in local]
         if self.world_size == 1:
@@ -231,12 +223,28 @@ class Communicator(Stateful, ABC):
 
     # -- the bytes each rank appends to a serialised payload -------------------------------
     def trailer_nbytes(self, link: Link) -> int:
-        """Its status (`Link.status`) and, with ``checksum``, a CRC-32 of its payload bytes."""
+        """The size of the trailer each rank appends to its serialised payload.
+
+        Args:
+            link: The exchange's accounted collectives.
+
+        Returns:
+            The bytes of its status (`Link.status`) and, with ``checksum``, of a CRC-32.
+        """
         return len(link.status) + 4 * self.checksum
 
     def serialise(self, link: Link, local: Sequence[torch.Tensor],
                   device: torch.device) -> torch.Tensor:
-        """This rank's payload tensors as bytes, followed by its trailer."""
+        """This rank's payload tensors as bytes, followed by its trailer.
+
+        Args:
+            link: The exchange's accounted collectives.
+            local: This rank's payload tensors.
+            device: Where the bytes go.
+
+        Returns:
+            A uint8 tensor.
+        """
         payload = to_bytes(local, device)
         trailer = list(link.status)
         if self.checksum:
@@ -246,8 +254,19 @@ class Communicator(Stateful, ABC):
 
     def read_trailers(self, link: Link, buffers: Sequence[torch.Tensor | None],
                       nbytes: Sequence[int]) -> bool:
-        """Check every peer's checksum (`PayloadError` naming the rank) and read every
-        rank's status (None: this rank's own buffer) into `link.any_nonfinite`."""
+        """Check every peer's checksum and read every rank's status.
+
+        Args:
+            link: The exchange's accounted collectives; its ``any_nonfinite`` is set.
+            buffers: Every rank's serialised bytes, in rank order (None: this rank's own).
+            nbytes: The payload bytes of each before its trailer.
+
+        Returns:
+            Whether any rank's input was non-finite.
+
+        Raises:
+            PayloadError: A peer's bytes fail their checksum (the message names the rank).
+        """
         for owner, (buf, n) in enumerate(zip(buffers, nbytes)):
             if buf is None:
                 continue
@@ -266,13 +285,34 @@ class Communicator(Stateful, ABC):
     # -- helpers for communicators that move serialised payloads --------------------------
     @staticmethod
     def flatten(items: Sequence[Item]) -> list[torch.Tensor]:
+        """Every payload tensor of some items, in order.
+
+        Args:
+            items: (payload, ctx, tensor name) of each tensor.
+
+        Returns:
+            Their payloads' tensors, one list.
+        """
         return [t for payload, _, _ in items for t in payload]
 
     @staticmethod
     def rank_payloads(items: Sequence[Item], buf: torch.Tensor, sizes: Sequence[int],
                       owner: int) -> list[Payload]:
-        """Parse one rank's serialised payloads from the byte count of each tensor, using
-        the local payloads as templates for dtypes and the number of tensors per payload."""
+        """Parse one rank's serialised payloads.
+
+        Args:
+            items: This rank's items: templates for the dtypes and the number of tensors
+                of each payload.
+            buf: The rank's bytes.
+            sizes: The byte count of each of its payload tensors.
+            owner: The rank, for messages.
+
+        Returns:
+            Its payload of each item, in order.
+
+        Raises:
+            PayloadError: The bytes do not fit the sizes and dtypes (names the rank).
+        """
         local = Communicator.flatten(items)
         try:
             for size, ref in zip(sizes, local):
@@ -291,8 +331,19 @@ class Communicator(Stateful, ABC):
 
     def aggregate_items(self, items: Sequence[Item],
                         per_rank: Sequence[Sequence[Payload]]) -> list[torch.Tensor]:
-        """Decompress and average every item over ranks (rank order, so all ranks agree)."""
-        assert self.compressor is not None, "communicator used before bind()"
+        """Decompress and average every item over ranks.
+
+        Args:
+            items: This rank's items (their ctx decompress every rank's payload).
+            per_rank: Every rank's payloads, in rank order (so all ranks agree).
+
+        Returns:
+            The mean over ranks of each item, in order.
+
+        Raises:
+            PayloadError: A payload is malformed (names the tensor).
+        """
+        assert self.compressor is not None, "communicator used before attach()"
         outs = []
         with self.metrics.timer("decompress_s"):
             for i, (_, ctx, name) in enumerate(items):

@@ -14,21 +14,19 @@ from abc import ABC, abstractmethod
 from collections.abc import Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from gracecomm.buffers import difference
-from gracecomm.metrics import Metrics
+from gracecomm.exchange import Link, Works
 from gracecomm.needs import Need
-from gracecomm.state import Stateful
+from gracecomm.part import Part
 from gracecomm.validation import ConfigError
 
-if TYPE_CHECKING:
-    from gracecomm.communicator import Communicator
-    from gracecomm.exchange import Link, Works
-
 Payload = tuple[torch.Tensor, ...]
+"""What goes on the wire for one tensor: a tuple of tensors, whose bytes are what a method is
+credited with (counted by the communicator)."""
 PayloadSpec = tuple[tuple[torch.dtype, int], ...]  # (dtype, numel) of each payload tensor
 WARM_UP_NUMEL = 2 * 65536 + 17  # past two chunks of the fused kernels: their threaded paths too
 # a wrapper's adopted training defaults are read-only mappings; `warm_up` deep-copies it
@@ -37,8 +35,8 @@ copyreg.pickle(MappingProxyType, lambda m: (MappingProxyType, (dict(m),)))
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What one compressor, with its options, offers the rest of the library (see
-    `Compressor.capabilities`)."""
+    """What one compressor, with its options, offers the rest of the library; the fields
+    are described in `Compressor` (``Compressor.capabilities`` returns them)."""
 
     summable: bool
     fixed_size: bool
@@ -46,25 +44,46 @@ class Capabilities:
     default_communicator: str
     communicators: tuple[str, ...] | None
     elementwise: bool
+    model_level: bool
 
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """Shape and dtype of the tensor a payload came from (the usual ctx)."""
+    """Shape and dtype of the tensor a payload came from (the usual ctx).
+
+    Attributes:
+        shape: The tensor's shape.
+        dtype: Its dtype.
+
+    Example:
+        >>> import torch
+        >>> from gracecomm import TensorInfo
+        >>> TensorInfo.of(torch.zeros(2, 3)).numel
+        6
+    """
 
     shape: torch.Size
     dtype: torch.dtype
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> TensorInfo:
+        """The shape and dtype of `tensor`.
+
+        Args:
+            tensor: Any tensor.
+
+        Returns:
+            Its `TensorInfo`.
+        """
         return cls(tensor.shape, tensor.dtype)
 
     @property
     def numel(self) -> int:
+        """The number of elements of the tensor."""
         return self.shape.numel()
 
 
-class Compressor(Stateful, ABC):
+class Compressor(Part, ABC, kind="compressor"):
     """Base class of all compressors.
 
     Capabilities: a class declares them as class attributes, and `capabilities()` is the one
@@ -99,6 +118,28 @@ class Compressor(Stateful, ABC):
       them to the options the user did not set (`gracecomm.experiments.method_defaults`).
     - ``sensitivities``: the settings the method is known to be sensitive to, one sentence
       each, which a trainer names when a run collapses or diverges.
+
+    A subclass implements `compress` and `decompress` (or, ``model_level``,
+    `compress_model`), registers itself (``@COMPRESSORS.register("name")``) and has a YAML
+    file in ``configs/compressor/``; the rest has defaults.
+
+    Example:
+        Scaled sign: one byte per element and the mean magnitude, biased, so it brings
+        error feedback.
+
+        >>> import torch
+        >>> from gracecomm import Compressor, TensorInfo
+        >>> class ScaledSign(Compressor):
+        ...     default_memory = "residual"
+        ...     def compress(self, tensor, name):
+        ...         scale = tensor.abs().mean().reshape(1)
+        ...         return (tensor.sign().to(torch.int8), scale), TensorInfo.of(tensor)
+        ...     def decompress(self, payload, ctx):
+        ...         signs, scale = payload
+        ...         return (signs.to(ctx.dtype) * scale).reshape(ctx.shape)
+        >>> payload, ctx = ScaledSign().compress(torch.tensor([1.0, -3.0]), "w")
+        >>> ScaledSign().decompress(payload, ctx)
+        tensor([ 2., -2.])
     """
 
     summable: ClassVar[bool] = False
@@ -110,100 +151,183 @@ class Compressor(Stateful, ABC):
     model_level: ClassVar[bool] = False
     training_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     sensitivities: ClassVar[tuple[str, ...]] = ()
-    registry_name: ClassVar[str] = ""
-
-    def __init__(self) -> None:
-        self.metrics = Metrics()
-        self.comm: Communicator | None = None
-
-    @property
-    def label(self) -> str:
-        return f"compressor '{self.registry_name or type(self).__name__}'"
 
     def capabilities(self) -> Capabilities:
-        """This compressor's capabilities (by default its class's declarations)."""
+        """This compressor's capabilities, the one place they are read from.
+
+        Returns:
+            By default its class's declarations; a compressor whose capabilities depend on
+            its options (or its parts) overrides this.
+        """
         return Capabilities(self.summable, self.fixed_size, self.default_memory,
-                            self.default_communicator, self.communicators, self.elementwise)
+                            self.default_communicator, self.communicators, self.elementwise,
+                            self.model_level)
 
     def payload_spec(self, info: TensorInfo) -> PayloadSpec | None:
-        """For a compressor of fixed size: the dtype and element count of each payload tensor
-        for a tensor described by `info`, so that a receiver can split the concatenated
-        bytes of a payload without sizes on the wire (DeepReduce's value codec over any
-        compressor); None where the compressor does not say."""
+        """For a compressor of fixed size: the layout of the payload of a tensor, so that a
+        receiver can split the concatenated bytes of a payload without sizes on the wire
+        (DeepReduce's value codec over any compressor).
+
+        Args:
+            info: The shape and dtype of the tensor.
+
+        Returns:
+            The (dtype, element count) of each payload tensor, or None where the compressor
+            does not say.
+        """
         return None
 
     def layout_phase(self, ctx: Any) -> Hashable:
         """For a compressor of fixed size whose payload layout changes once with state that
-        every rank shares (PowerSGD's dense warm-up): the phase of the payload `ctx` came
-        with. Communicators agree on a layout once per set of tensors and phase."""
+        every rank shares (PowerSGD's dense warm-up): the phase of a payload.
+        Communicators agree on a layout once per set of tensors and phase.
+
+        Args:
+            ctx: The ctx the payload came with.
+
+        Returns:
+            The phase (None by default: one layout).
+        """
         return None
 
     def needs(self) -> frozenset[Need]:
-        """What this compressor needs from the exchange (`gracecomm.needs`)."""
-        return frozenset({Need.WHOLE_MODEL}) if self.model_level else frozenset()
+        """What this compressor needs from the exchange.
 
-    def bind(self, comm: Communicator | None, metrics: Metrics) -> None:
-        """Called by the pipeline: share its metrics and give access to accounted collectives;
-        the compressors inside this one (``child_attrs``, `gracecomm.state`) are bound alike."""
-        self.comm = comm
-        self.metrics = metrics
-        for part in self.nearest(Compressor):
-            part.bind(comm, metrics)
+        Returns:
+            Its requirements (`gracecomm.needs`): `Need.WHOLE_MODEL` where ``model_level``.
+        """
+        return (frozenset({Need.WHOLE_MODEL}) if self.capabilities().model_level
+                else frozenset())
 
     @abstractmethod
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Payload, Any]:
-        """Return (payload, ctx) for `tensor`; `name` keys any per-tensor state."""
+        """Compress one tensor.
+
+        Args:
+            tensor: The tensor to compress (contiguous, floating point, finite).
+            name: Its name, which keys any per-tensor state.
+
+        Returns:
+            (payload, ctx): the tensors that go on the wire, and local metadata that
+            `decompress` reads (the same on every rank, see the module docstring).
+        """
 
     @abstractmethod
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        """Rebuild a dense tensor of the original shape and dtype from `payload`."""
+        """Rebuild a dense tensor from a payload, this rank's or a peer's.
+
+        Args:
+            payload: The payload.
+            ctx: This rank's ctx for the same tensor.
+
+        Returns:
+            A dense tensor of the original shape and dtype.
+
+        Raises:
+            PayloadError: The payload is malformed (a peer's index out of range).
+        """
 
     def subtract_decompressed(self, t: torch.Tensor, payload: Payload, ctx: Any,
                               in_place: bool = False) -> torch.Tensor:
-        """``t - decompress(payload, ctx)``, error feedback's update, as a new tensor (a
-        recycled buffer when large). `in_place` says the caller owns `t`: a method whose
-        payload and ctx never view their input may then write the result into `t`, and
-        one with a cheaper form of the same bits overrides this (a sparse selection
-        subtracts its k values where they were taken; the sign methods decode and
-        subtract in one pass). Here the payload or ctx may still view `t`, so it is kept."""
+        """Error feedback's update, ``t - decompress(payload, ctx)``.
+
+        A method with a cheaper form of the same bits overrides this (a sparse selection
+        subtracts its k values where they were taken; the sign methods decode and subtract
+        in one pass). Here the payload or ctx may still view `t`, so `t` is kept.
+
+        Args:
+            t: The compressed tensor.
+            payload: Its payload.
+            ctx: Its ctx.
+            in_place: The caller owns `t`: a method whose payload and ctx never view their
+                input may write the result into `t`.
+
+        Returns:
+            The difference, as a new tensor (a recycled buffer when large) or `t`.
+        """
         return difference(t, self.decompress(payload, ctx))
 
     def compress_rounds(self, named: Sequence[tuple[str, torch.Tensor]], link: Link
                         ) -> Generator[Works, None, list[tuple[Payload, Any]]]:
-        """Compress the tensors of one exchange (one DDP bucket): (payload, ctx) each. By
-        default `compress` each, without collectives. A method whose compression needs
+        """Compress the tensors of one exchange (one DDP bucket), as rounds of collectives.
+
+        By default `compress` each, without collectives. A method whose compression needs
         collectives of its own (PowerSGD's first allreduce) launches them through `link`
-        and yields them (`gracecomm.exchange`), so they run asynchronously like the exchange."""
+        and yields them (`gracecomm.exchange`), so they run asynchronously like the
+        exchange.
+
+        Args:
+            named: (name, tensor) pairs.
+            link: The exchange's accounted collectives.
+
+        Returns:
+            A generator of rounds that returns (payload, ctx) for each tensor, in order.
+        """
         return [self.compress(tensor, name) for name, tensor in named]
         yield  # a generator: no round
 
     def feeds_back(self, ctx: Any) -> bool:
-        """Whether error feedback applies to this tensor this step (False during a dense
-        warm-up that bypasses the memory, as PyTorch's PowerSGD hook does)."""
+        """Whether error feedback applies to a tensor this step.
+
+        Args:
+            ctx: The tensor's ctx.
+
+        Returns:
+            True by default; False during a dense warm-up that bypasses the memory, as
+            PyTorch's PowerSGD hook does.
+        """
         return True
 
     def compress_model(self, named: Sequence[tuple[str, torch.Tensor]]
                        ) -> tuple[list[tuple[Payload, Any]], Payload, Any]:
-        """Model-level compressors (``model_level``): compress every tensor of a step at once.
+        """Model-level compressors (``model_level``): compress every tensor of a step at once,
+        using the accounted collectives of ``self.comm`` where needed.
 
-        Returns, per tensor, the (payload, ctx) its memory sees: the selection before any joint
-        re-encoding (e.g. Top-k's values and indices), which `decompress` turns into the part
-        of the tensor that was transmitted, so error feedback keeps the rest. Then one joint
-        (payload, ctx) for the communicator, whose mean over ranks decompresses to the flat
-        concatenation of all tensors. May use the accounted collectives of `self.comm`."""
+        Args:
+            named: (name, tensor) pairs: every gradient of the step, in the model's order.
+
+        Returns:
+            (selections, payload, ctx): per tensor, the (payload, ctx) its memory sees (the
+            selection before any joint re-encoding, e.g. Top-k's values and indices, which
+            `decompress` turns into the part of the tensor that was transmitted, so error
+            feedback keeps the rest); then one joint payload and ctx for the communicator,
+            whose mean over ranks decompresses to the flat concatenation of all tensors.
+
+        Raises:
+            NotImplementedError: The class sets ``model_level`` but does not implement it.
+        """
         raise NotImplementedError(f"{self.label} sets model_level but does not implement "
                                   "compress_model")
 
     def transmitted(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        """Flat bool mask of the elements `payload` carries (momentum factor masking in DGC's
-        memory). By default the nonzeros of its decompression; sparse and dense methods
-        answer exactly."""
+        """The elements a payload carries (momentum factor masking in DGC's memory).
+
+        Args:
+            payload: The payload.
+            ctx: Its ctx.
+
+        Returns:
+            A flat bool mask: by default the nonzeros of the decompression; sparse and
+            dense methods answer exactly.
+        """
         return self.decompress(payload, ctx).reshape(-1) != 0
 
     def aggregate(self, payloads: Sequence[Payload], ctx: Any) -> torch.Tensor:
-        """Mean over ranks of the decompressed payloads (in rank order, so every rank
-        computes the same bits). Sparse methods override this with one scatter, quantizers
-        with kernels that decode every rank's payload into one sum a block at a time."""
+        """The mean over ranks of the decompressed payloads. Sparse methods override this
+        with one scatter, quantizers with kernels that decode every rank's payload into
+        one sum a block at a time.
+
+        Args:
+            payloads: Every rank's payload for one tensor, in rank order (so every rank
+                computes the same bits).
+            ctx: This rank's ctx for the tensor.
+
+        Returns:
+            The mean, a dense tensor of the original shape and dtype.
+
+        Raises:
+            PayloadError: A payload is malformed.
+        """
         total = self.decompress(payloads[0], ctx).clone()  # a decompression may be a view
         for payload in payloads[1:]:
             total.add_(self.decompress(payload, ctx))
@@ -220,7 +344,7 @@ class Compressor(Stateful, ABC):
         collectives of their own (``communicators``) or ``model_level`` ones skip it; one
         that cannot compress this tensor stays cold (its first step reports the error)."""
         caps = self.capabilities()
-        if self.model_level or caps.communicators is not None:
+        if caps.model_level or caps.communicators is not None:
             return
         ranks = self.comm.world_size if self.comm is not None else 1
         twin = copy.deepcopy(self, {id(self.comm): None})
@@ -234,7 +358,14 @@ class Compressor(Stateful, ABC):
 
     def adopt_training_needs(self, parts: Sequence[Compressor]) -> None:
         """For wrappers: take the ``training_defaults`` and ``sensitivities`` of the
-        compressors inside; two parts that need different values of one option are refused."""
+        compressors inside.
+
+        Args:
+            parts: The compressors inside this one.
+
+        Raises:
+            ConfigError: Two parts need different values of one trainer option.
+        """
         defaults: dict[str, Any] = {}
         for part in parts:
             for option, value in part.training_defaults.items():
@@ -246,7 +377,11 @@ class Compressor(Stateful, ABC):
         self.sensitivities = tuple(dict.fromkeys(s for p in parts for s in p.sensitivities))
 
     def set_epoch(self, epoch: int) -> None:
-        """Hook for schedules that change with the epoch (e.g. DGC's warm-up ratio); by
-        default passed on to the compressors inside this one."""
+        """Hook for schedules that change with the epoch (DGC's warm-up of the ratio); by
+        default passed on to the compressors inside this one.
+
+        Args:
+            epoch: The epoch about to start, from 0.
+        """
         for part in self.nearest(Compressor):
             part.set_epoch(epoch)

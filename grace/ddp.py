@@ -115,29 +115,57 @@ class TailTimer:
 
 
 class GradientExchange:
-    """Every gradient of `model` through `grace` once per step, honouring the parts' needs
-    (module docstring). `weight_decay` is added to the gradients before compression (needed
-    where a part owns the momentum; `check_optimizer` refuses an optimizer that still
-    applies its own). `asynchronous`: the hook returns before the bucket's exchange has
-    completed (the synchronous path waits; both give identical results).
+    """Every gradient of a model through a `Grace` pipeline once per step, honouring what
+    its parts need (module docstring): the DDP hook's state, and the exchange of a custom
+    loop (`step`).
 
-    `scaler`: the `torch.amp.GradScaler` of a mixed-precision loop; nothing else is needed.
-    Compression then sees the gradients divided by its current scale and the means are
-    multiplied back, so the compression state (residuals, momentum, clipping thresholds) is
-    in the gradients' own units whatever the loss scale, and the pipeline passes the
-    scaler's overflow steps through (its ``check_finite`` is switched off: such a step
-    reaches every rank as NaN, the scaler skips it and the compression state is restored,
-    `Grace`). A pipeline built with ``check_finite=False`` and no scaler is warned about:
-    with a scaler the exchange does not know, compression would work in loss-scaled units.
+    Args:
+        grace: The pipeline (`build`).
+        model: The model whose parameters' gradients are exchanged (for DDP, its
+            ``module``); parameters are named as ``model.named_parameters()`` names them.
+        optimizer: The optimizer, checked where a part applies the momentum itself (DGC,
+            Signum): it must then run without momentum and weight decay.
+        weight_decay: Added to the gradients before compression (times the parameters),
+            where a part owns the momentum.
+        asynchronous: The hook returns before the bucket's exchange has completed (True),
+            or waits for it; both give identical results.
+        scaler: The `torch.amp.GradScaler` of a mixed-precision loop; nothing else is
+            needed. Compression then sees the gradients divided by its current scale and
+            the means are multiplied back, so the compression state (residuals, momentum,
+            clipping thresholds) is in the gradients' own units whatever the loss scale,
+            and the pipeline passes the scaler's overflow steps through (its
+            ``check_finite`` is switched off: such a step reaches every rank as NaN, the
+            scaler skips it and the compression state is restored, `Grace`). A pipeline
+            built with ``check_finite=False`` and no scaler is warned about: with a scaler
+            the exchange does not know, compression would work in loss-scaled units.
 
-    `error`: the exception the hook's exchange raised in the current step, of its own type
-    (DDP raises a hook's error again as a RuntimeError that only quotes it)."""
+    Raises:
+        ConfigError: `grace` is not a `Grace`, `weight_decay` is negative, or the optimizer
+            applies a momentum a part already applies (the message names the fix).
+
+    Attributes:
+        error: The exception the hook's exchange raised in the current step, of its own
+            type (DDP raises a hook's error again as a RuntimeError that only quotes it).
+
+    Example:
+        A custom loop without DDP (every rank runs it):
+
+        ```python
+        grace = gracecomm.build({"name": "topk", "ratio": 0.01})
+        exchange = gracecomm.GradientExchange(grace, model, optimizer)
+        for x, y in batches:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            exchange.step()      # every gradient is now the mean over ranks
+            optimizer.step()
+        ```
+    """
 
     def __init__(self, grace: Grace, model: nn.Module,
                  optimizer: torch.optim.Optimizer | None = None, *, weight_decay: float = 0.0,
                  asynchronous: bool = True, scaler: torch.amp.GradScaler | None = None) -> None:
         if not isinstance(grace, Grace):
-            raise ConfigError(f"the exchange needs a gracecomm.Grace pipeline "
+            raise ConfigError("the exchange needs a gracecomm.Grace pipeline "
                               f"(gracecomm.build(...)), got {type(grace).__name__}")
         check_optimizer(grace, optimizer)
         check_scaler(grace, scaler)
@@ -159,7 +187,16 @@ class GradientExchange:
 
     def prepared(self, names: Sequence[str], grads: Sequence[torch.Tensor],
                  params: Sequence[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-        """(name, gradient / scale + weight_decay * parameter) for each tensor."""
+        """What the pipeline compresses for each gradient.
+
+        Args:
+            names: The parameters' names.
+            grads: Their gradients.
+            params: The parameters.
+
+        Returns:
+            (name, gradient / scale + weight_decay * parameter) for each.
+        """
         if self.scale != 1.0:
             grads = [g / self.scale for g in grads]
         if not self.weight_decay:
@@ -168,11 +205,17 @@ class GradientExchange:
                 for n, g, p in zip(names, grads, params)]
 
     def begin_step(self) -> None:
+        """Read the loss scaler's scale for the step about to be exchanged."""
         self.scale = 1.0 if self.scaler is None else float(self.scaler.get_scale())
 
     def write(self, grads: Sequence[torch.Tensor], means: Sequence[torch.Tensor]) -> None:
         """Store each mean (times the scale) as its gradient: one pass each, and without a
-        scale one call for all."""
+        scale one call for all.
+
+        Args:
+            grads: The gradients, overwritten.
+            means: Their means over ranks, in order.
+        """
         if self.scale != 1.0:
             for grad, mean in zip(grads, means):
                 torch.mul(mean.view_as(grad), self.scale, out=grad)
@@ -184,7 +227,12 @@ class GradientExchange:
 
     def step(self) -> None:
         """A custom loop's exchange: after backward, replace every gradient by the mean over
-        ranks (a parameter without a gradient contributes zeros). Every rank calls it."""
+        ranks (a parameter without a gradient contributes zeros). Every rank calls it.
+
+        Raises:
+            NonFiniteError: A gradient holds NaN or Inf (with ``check_finite``).
+            CommunicationError: A peer died or hung past the collective timeout.
+        """
         self.begin_step()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p)
                  for _, p in self.parameters]
@@ -196,7 +244,14 @@ class GradientExchange:
 
     # -- the DDP hook ---------------------------------------------------------------------
     def bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """The hook's work for one bucket: a future of the averaged bucket buffer."""
+        """The hook's work for one bucket (DDP calls it through `register_comm_hook`).
+
+        Args:
+            bucket: DDP's bucket of gradients.
+
+        Returns:
+            A future of the bucket's buffer holding the means over ranks.
+        """
         self.hook_calls += 1
         if self.expecting is not None:  # `expect_hook`: the hook runs
             self.expecting.remove()
@@ -313,23 +368,25 @@ def comm_hook(grace: Grace, model: nn.Module, optimizer: torch.optim.Optimizer |
     updated with uncompressed gradients.
 
     Args:
-        grace: the pipeline (`gracecomm.build`).
-        model: the module the framework wraps in DistributedDataParallel.
-        optimizer: checked where a part applies the momentum itself (`check_optimizer`).
-        weight_decay: added to the gradients before compression.
-        asynchronous: overlap each bucket's exchange with the rest of backward.
-        scaler: the GradScaler of a mixed-precision loop (`GradientExchange`).
+        grace: The pipeline (`build`).
+        model: The module the framework wraps in `DistributedDataParallel`.
+        optimizer: The optimizer, checked where a part applies the momentum itself.
+        weight_decay: Added to the gradients before compression.
+        asynchronous: Overlap each bucket's exchange with the rest of backward (True).
+        scaler: The `torch.amp.GradScaler` of a mixed-precision loop (`GradientExchange`).
 
     Returns:
         The hook's state (a `GradientExchange`) and the hook (`grace_hook`).
 
     Raises:
-        ConfigError: the optimizer or scaler is refused (at once), or the hook has not run
+        ConfigError: The optimizer or scaler is refused (at once), or the hook has not run
             by the first optimizer step.
 
     Example:
-        >>> state, hook = comm_hook(build("fp16"), model, optimizer)
-        >>> DistributedDataParallel(model).register_comm_hook(state, hook)
+        ```python
+        state, hook = gracecomm.comm_hook(gracecomm.build("fp16"), model, optimizer)
+        DistributedDataParallel(model).register_comm_hook(state, hook)
+        ```
     """
     state = GradientExchange(grace, model, optimizer, weight_decay=weight_decay,
                              asynchronous=asynchronous, scaler=scaler)
@@ -385,31 +442,37 @@ def register_comm_hook(model: DistributedDataParallel, grace: Grace,
                        optimizer: torch.optim.Optimizer | None = None, *,
                        weight_decay: float = 0.0, asynchronous: bool = True,
                        scaler: torch.amp.GradScaler | None = None) -> GradientExchange:
-    """Make `model` exchange its gradients through `grace`.
+    """Make a DDP model exchange its gradients through a `Grace` pipeline.
+
+    The hook is asynchronous, like PyTorch's own: each bucket's exchange overlaps with the
+    backward pass of the next buckets (module docstring).
 
     Args:
-        model: the DistributedDataParallel model (after a framework's wrapping: Accelerate's
-            ``prepare``).
-        grace: the pipeline (`gracecomm.build`).
-        optimizer: checked where a part applies the momentum itself (`check_optimizer`).
-        weight_decay: added to the gradients before compression (where a part owns the
-            momentum, instead of the optimizer's).
-        asynchronous: overlap each bucket's exchange with the rest of backward (the
-            synchronous path gives identical results).
-        scaler: the GradScaler of a mixed-precision loop: enough to pass its overflow steps
-            through (`GradientExchange`).
+        model: The `DistributedDataParallel` model (after a framework's wrapping:
+            Accelerate's ``prepare``).
+        grace: The pipeline (`build`).
+        optimizer: The optimizer, checked where a part applies the momentum itself.
+        weight_decay: Added to the gradients before compression, where a part owns the
+            momentum.
+        asynchronous: Overlap each bucket's exchange with the backward pass (True).
+        scaler: A mixed-precision loop's `torch.amp.GradScaler`: enough to pass its
+            overflow steps through (see `GradientExchange`).
 
     Returns:
-        The hook's state: its `error`, and `grace` whose ``metrics.pop()`` gives each step's
-        bytes and timings.
+        The hook's state, a `GradientExchange` (its ``error`` holds the exchange's error
+        of its own type after a failed step).
 
     Raises:
-        TypeError: `model` is not DistributedDataParallel (the hook would never run).
-        ConfigError: the optimizer or scaler is refused.
+        TypeError: `model` is not a `DistributedDataParallel` model.
+        ConfigError: As `GradientExchange` (the optimizer or scaler is refused).
 
     Example:
-        >>> ddp = DistributedDataParallel(model)
-        >>> register_comm_hook(ddp, build({"name": "topk", "ratio": 0.01}), optimizer)
+        ```python
+        ddp = DistributedDataParallel(model)
+        grace = gracecomm.build({"name": "topk", "ratio": 0.01})
+        gracecomm.register_comm_hook(ddp, grace, optimizer)
+        loss_fn(ddp(x), y).backward()   # gradients are exchanged compressed
+        ```
     """
     if not isinstance(model, DistributedDataParallel):
         raise TypeError(f"register_comm_hook needs a DistributedDataParallel model, got "

@@ -28,15 +28,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from gracecomm.metrics import Metrics
 from gracecomm.network import bytes_key, calls_key, check_kind
+from gracecomm.wire import payload_nbytes
 
-if TYPE_CHECKING:
-    from gracecomm.communicator import Communicator
 
 class CommunicationError(RuntimeError):
     """A collective of an exchange failed: a peer died, hung past the collective timeout or
@@ -56,7 +56,7 @@ class Link:
     which defines the message size of each kind) and returns its Work; outputs are valid
     once the round has been waited for."""
 
-    def __init__(self, comm: Communicator, group: Any, nonfinite: bool | None = None) -> None:
+    def __init__(self, comm: Collectives, group: Any, nonfinite: bool | None = None) -> None:
         self.comm = comm
         self.group = group
         self.nonfinite = nonfinite  # this rank's input was non-finite; None: not carried
@@ -109,7 +109,7 @@ class Exchange:
     transforms the communicator's means before they are returned (e.g. re-inserting skipped
     tensors)."""
 
-    def __init__(self, comm: Communicator, rounds: Rounds, link: Link, names: Sequence[str],
+    def __init__(self, comm: Collectives, rounds: Rounds, link: Link, names: Sequence[str],
                  finish: Callable[[list[torch.Tensor]], Any] | None = None) -> None:
         self.comm = comm
         self.names = names
@@ -184,3 +184,181 @@ class Continuations:
         while True:  # the training thread goes on meanwhile: not time it spent waiting
             self._queue.get()._run(self.group, "comm_async_s")
 
+
+
+class Collectives:
+    """A process group and the accounted collectives on it: the part of a communicator that
+    compressors with collectives of their own (PowerSGD's first round, LGC's index
+    broadcast) and the exchanges above use, so that every byte is counted the same way.
+    `gracecomm.Communicator` derives from it; a compressor reaches it as ``self.comm``.
+
+    Without an initialised process group it acts as a world of one rank.
+
+    Attributes:
+        group: The process group (None: the default group).
+        metrics: Where bytes and waiting times are recorded.
+        label: How messages name the owner (``communicator 'allgather'``).
+    """
+
+    group: Any = None
+    metrics: Metrics
+    label: str
+    _continuations: Continuations | None = None  # this instance's, created on first use
+
+    # -- process group --------------------------------------------------------------------
+    @property
+    def distributed(self) -> bool:
+        """Whether a process group is initialised."""
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks in the group (1 without a process group)."""
+        return dist.get_world_size(self.group) if self.distributed else 1
+
+    @property
+    def rank(self) -> int:
+        """This rank in the group (0 without a process group)."""
+        return dist.get_rank(self.group) if self.distributed else 0
+
+    def global_rank(self, group_rank: int) -> int:
+        """The rank in the default group of a rank of this group.
+
+        Args:
+            group_rank: A rank of this group.
+
+        Returns:
+            Its global rank.
+        """
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    def link(self, nonfinite: bool | None = None) -> Link:
+        """The accounted asynchronous collectives of one new exchange.
+
+        Args:
+            nonfinite: This rank's status where non-finite steps pass through (see `Link`);
+                None where they raise.
+
+        Returns:
+            A new `Link` on this group.
+        """
+        return Link(self, self.group, nonfinite)
+
+    def continuations(self) -> Continuations:
+        """The worker that runs later rounds of submitted exchanges (created on first use;
+        every rank reaches its first asynchronous exchange at the same point).
+
+        Returns:
+            This instance's `Continuations`.
+        """
+        if self._continuations is None:
+            self._continuations = Continuations(self.group)
+        return self._continuations
+
+    # -- accounted collectives ------------------------------------------------------------
+    def count(self, wire_bytes: int, sent_bytes: int | None = None) -> None:
+        """Credit this rank with bytes sent.
+
+        Args:
+            wire_bytes: Payload bytes (``wire_bytes``).
+            sent_bytes: Bytes really moved, headers and padding included (``sent_bytes``);
+                None: `wire_bytes`.
+        """
+        self.metrics.add("wire_bytes", wire_bytes)
+        self.metrics.add("sent_bytes", wire_bytes if sent_bytes is None else sent_bytes)
+
+    def wait_for(self, works: Works, key: str = "comm_s") -> None:
+        """Wait for launched collectives, adding the time to a metric.
+
+        Args:
+            works: The collectives' Works.
+            key: ``comm_s`` (the time the training thread waited) or ``comm_async_s`` (the
+                exchange worker's waits).
+        """
+        if works:
+            with self.metrics.timer(key):
+                for work in works:
+                    work.wait()
+
+    def run_now(self, rounds: Generator[Works, None, Any]) -> Any:
+        """Run rounds of collectives on this thread.
+
+        Args:
+            rounds: A generator of rounds (`gracecomm.exchange`).
+
+        Returns:
+            What the generator returns.
+        """
+        try:
+            while True:
+                self.wait_for(next(rounds))
+        except StopIteration as stop:
+            return stop.value
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over ranks, in place (counted as payload).
+
+        Args:
+            tensor: This rank's tensor.
+
+        Returns:
+            `tensor`, now the sum.
+        """
+        self.count(payload_nbytes([tensor]))
+        if self.world_size > 1:
+            self.wait_for([Link(self, self.group).all_reduce(tensor)])
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's tensor (counted as payload).
+
+        Args:
+            tensor: This rank's tensor, of the same shape and dtype on every rank.
+
+        Returns:
+            Every rank's, in rank order.
+        """
+        self.count(payload_nbytes([tensor]))
+        if self.world_size == 1:
+            return [tensor]
+        out, work = Link(self, self.group).all_gather(tensor)
+        self.wait_for([work])
+        return out
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """Overwrite a tensor with one rank's copy (the bytes are credited to that rank).
+
+        Args:
+            tensor: This rank's tensor, overwritten.
+            src: The group rank whose copy every rank receives.
+
+        Returns:
+            `tensor`.
+        """
+        if self.rank == src:
+            self.count(payload_nbytes([tensor]))
+        if self.world_size > 1:
+            self.wait_for([Link(self, self.group).broadcast(tensor, src)])
+        return tensor
+
+    def gather_sizes(self, numels: Sequence[int], device: torch.device) -> list[list[int]]:
+        """Every rank's integers (one small allgather on this thread; counted as sent).
+
+        Args:
+            numels: This rank's integers (as many on every rank).
+            device: Where they are exchanged.
+
+        Returns:
+            Every rank's, in rank order.
+        """
+        if self.world_size == 1:
+            return [list(numels)]
+        return self.run_now(self._gather_ints(Link(self, self.group), numels, device))
+
+    def _gather_ints(self, link: Link, numels: Sequence[int], device: torch.device
+                     ) -> Generator[Works, None, list[list[int]]]:
+        local = torch.tensor(list(numels), dtype=torch.int64, device=device)
+        self.metrics.add("sent_bytes", local.numel() * 8)
+        out, work = link.all_gather(local)
+        yield (work,)
+        return [o.tolist() for o in out]

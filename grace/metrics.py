@@ -37,7 +37,18 @@ import torch
 
 class Metrics:
     """Sums of per-step quantities plus per-tensor samples (for percentile bands). Safe to
-    update from the exchange's worker thread while the training thread updates it too."""
+    update from the exchange's worker thread while the training thread updates it too.
+
+    Attributes:
+        sync_cuda: Synchronise CUDA around timers (set by the pipeline for CUDA tensors).
+
+    Example:
+        >>> from gracecomm import Metrics
+        >>> metrics = Metrics()
+        >>> metrics.add("dense_bytes", 400); metrics.add("wire_bytes", 100)
+        >>> metrics.pop()
+        {'dense_bytes': 400.0, 'wire_bytes': 100.0, 'compression_factor': 4.0}
+    """
 
     def __init__(self) -> None:
         self._sums: dict[str, float] = defaultdict(float)
@@ -53,29 +64,61 @@ class Metrics:
         return fresh
 
     def add(self, key: str, value: float) -> None:
-        """Add `value` to the step's running sum for `key`."""
+        """Add to the step's running sum of a key.
+
+        Args:
+            key: The statistic (module docstring).
+            value: What to add.
+        """
         with self._lock:
             self._sums[key] += float(value)
         own = self._by_thread.__dict__
         own[key] = own.get(key, 0.0) + float(value)
 
     def get(self, key: str) -> float:
-        """The step's running sum for `key` so far (0 if nothing was added)."""
+        """The step's running sum of a key so far.
+
+        Args:
+            key: The statistic.
+
+        Returns:
+            The sum (0 if nothing was added).
+        """
         return self._sums.get(key, 0.0)
 
     def added_here(self, key: str) -> float:
-        """Everything this thread has added to `key` so far (all steps): the difference of
-        two readings is what the thread added in between, whatever other threads add."""
+        """Everything this thread has added to a key so far (all steps): the difference of
+        two readings is what the thread added in between, whatever other threads add.
+
+        Args:
+            key: The statistic.
+
+        Returns:
+            The thread's total.
+        """
         return self._by_thread.__dict__.get(key, 0.0)
 
     def observe(self, key: str, value: float) -> None:
-        """Record one per-tensor sample; `pop()` reports its mean, 5th and 95th percentiles."""
+        """Record one per-tensor sample; `pop` reports their mean, 5th and 95th percentiles.
+
+        Args:
+            key: The statistic.
+            value: The sample.
+        """
         with self._lock:
             self._samples[key].append(float(value))
 
     @contextmanager
     def timer(self, key: str) -> Iterator[None]:
-        """Add the wall time of the block to `key` (synchronising CUDA when in use)."""
+        """A context manager adding the wall time of its block to a key (synchronising CUDA
+        when in use).
+
+        Args:
+            key: The statistic (``compress_s``, ...).
+
+        Returns:
+            The context manager.
+        """
         if self.sync_cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -87,7 +130,12 @@ class Metrics:
             self.add(key, time.perf_counter() - start)
 
     def pop(self) -> dict[str, float]:
-        """Return this step's statistics and start a new step."""
+        """This step's statistics; a new step starts.
+
+        Returns:
+            The sums, the derived ``compression_factor`` and ``quality`` (module
+            docstring), and ``<key>_mean``, ``<key>_p5``, ``<key>_p95`` of each sampled key.
+        """
         with self._lock:
             sums, samples = self._sums, self._samples
             self._sums, self._samples = defaultdict(float), defaultdict(list)

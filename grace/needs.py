@@ -8,7 +8,13 @@ from enum import Enum
 
 
 class Need(Enum):
-    """One requirement of a compressor or memory on how gradients reach it."""
+    """One requirement of a compressor or memory on how gradients reach it.
+
+    Example:
+        >>> import gracecomm
+        >>> gracecomm.build("dgc").needs  # DGC's memory applies the momentum
+        frozenset({<Need.OWNS_MOMENTUM: 'the momentum'>})
+    """
 
     WHOLE_MODEL = "every gradient of a step in one call"
     """It compresses the model as one vector (LGC): one exchange per step, after backward."""

@@ -3,15 +3,17 @@ bandwidth and latency, so runs on one machine project to clusters (alpha-beta mo
 1994; collective algorithms as in Thakur, Rabenseifner and Gropp 2005 and NCCL's ring).
 
 With N ranks, latency alpha (s), bandwidth B (bytes/s) and message size n (bytes, as the
-communicators record it, see `Communicator.collective`):
+communicators record it, see `gracecomm.exchange.Link`):
 
-| kind | n | time |
-|---|---|---|
-| ``allreduce`` (ring: reduce-scatter, allgather) | vector bytes | 2(N-1) alpha + 2(N-1)/N n/B |
-| ``allgather`` (ring) | bytes gathered, N x a rank's | (N-1) alpha + (N-1)/N n/B |
-| ``broadcast`` (pipelined ring) | bytes broadcast | (N-1) alpha + n/B |
-| ``ps_push`` (workers -> server) | bytes the server receives | alpha + n/B |
-| ``ps_pull`` (server -> workers) | bytes the server sends | alpha + n/B |
+| kind | algorithm | n | time |
+|---|---|---|---|
+| ``allreduce`` | ring: reduce-scatter + allgather | the vector | 2(N-1) alpha + 2(N-1)/N n/B |
+| ``allgather`` | ring | all N blocks | (N-1) alpha + (N-1)/N n/B |
+| ``broadcast`` | pipelined ring | the vector | (N-1) alpha + n/B |
+| ``ps_push`` | workers -> server | what the server receives | alpha + n/B |
+| ``ps_pull`` | server -> workers | what the server sends | alpha + n/B |
+
+(n in bytes; a parameter server's link carries all the pushes and pulls.)
 
 That is the switched case: every rank has a full-duplex link of bandwidth B of its own (a
 cluster). Gloo, PyTorch's CPU backend, runs these algorithms for allreduce (a ring of

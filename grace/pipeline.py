@@ -57,6 +57,35 @@ class Grace(Stateful):
 
     `state_dict` holds everything needed to resume bit-identically: the three parts' states
     (plain tensors and Python values; loadable with ``weights_only=True``).
+
+    Most users build one with `build`; the constructor takes instances.
+
+    Args:
+        compressor: The compressor (`Compressor`).
+        memory: The memory around it (`Memory`), checked against the compressor.
+        communicator: The communicator that carries its payloads (`Communicator`).
+        check_finite: Raise `NonFiniteError` on a non-finite tensor (True), or pass
+            non-finite steps through (False; see above).
+
+    Raises:
+        ConfigError: A part is not an instance of its role's base class.
+        IncompatibleError: The memory or the communicator cannot work with the compressor
+            (e.g. allreduce with Top-k, whose payloads cannot be summed).
+
+    Attributes:
+        compressor: The pipeline's compressor.
+        memory: The pipeline's memory.
+        communicator: The pipeline's communicator.
+        metrics: The statistics the three parts share (`Metrics`); ``metrics.pop()`` returns
+            and clears one step's.
+
+    Example:
+        >>> import torch
+        >>> from gracecomm import Grace, create
+        >>> grace = Grace(create("compressor", "topk", ratio=0.1), create("memory", "residual"),
+        ...               create("communicator", "allgather"))
+        >>> grace.step(torch.arange(10.0), "w")  # one process: the mean of one rank
+        tensor([0., 0., 0., 0., 0., 0., 0., 0., 0., 9.])
     """
 
     child_attrs = ("compressor", "memory", "communicator")
@@ -76,9 +105,9 @@ class Grace(Stateful):
         self._before_step: dict[str, Any] | None = None  # the state to restore (pass-through)
         self._nonfinite_step = False
         memory.check(compressor)
-        communicator.bind(compressor, self.metrics)
-        compressor.bind(communicator, self.metrics)
-        memory.bind(self.metrics)
+        communicator.attach(compressor)
+        for part in (communicator, compressor, memory):
+            part.bind(communicator, self.metrics)
         compressor.warm_up()  # its kernels are loaded now, not in the first step
 
     def __repr__(self) -> str:
@@ -88,31 +117,95 @@ class Grace(Stateful):
 
     @property
     def needs(self) -> frozenset[Need]:
+        """What the compressor and the memory need from the exchange (`gracecomm.needs`)."""
         return self.compressor.needs() | self.memory.needs()
 
     def needed_by(self, need: Need) -> str:
-        """Labels of the parts that need `need` (for messages)."""
+        """The labels of the parts that need `need`, for messages.
+
+        Args:
+            need: One requirement (`Need`).
+
+        Returns:
+            ``"compressor 'dgc' and memory 'dgc'"``, or ``""`` if no part needs it.
+        """
         return " and ".join(part.label for part in (self.compressor, self.memory)
                             if need in part.needs())
 
     def step(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
-        """Compress `tensor`, exchange it and return the mean over ranks (same shape/dtype).
-        Every rank must call this with the same names in the same order."""
+        """Compress one tensor, exchange it and return the mean over ranks: one step.
+
+        Every rank must call it with the same names in the same order.
+
+        Args:
+            tensor: A floating-point tensor (a gradient), on any device.
+            name: Its name, which keys per-tensor state (the residual, PowerSGD's Q).
+
+        Returns:
+            The mean over ranks, of `tensor`'s shape and dtype.
+
+        Raises:
+            NonFiniteError: `tensor` holds NaN or Inf and the pipeline checks
+                (``check_finite``).
+            TypeError: `tensor` is not a floating-point tensor (the message names it).
+            PayloadError: A peer's payload is malformed.
+            CommunicationError: A peer died or hung past the collective timeout.
+
+        Example:
+            >>> import torch, gracecomm
+            >>> grace = gracecomm.build("fp16")
+            >>> grace.step(torch.tensor([0.5, -2.0]), "w")
+            tensor([ 0.5000, -2.0000])
+        """
         return self.step_many([(name, tensor)])[0]
 
     def step_many(self, named: Named) -> list[torch.Tensor]:
         """`step` for several tensors, exchanged in as few collectives as the communicator
-        allows; one step (see the class docstring). Pass every gradient of a step in one
-        call where the parts need the whole model or the global norm (`needs`)."""
+        allows; one step (see the class docstring).
+
+        Pass every gradient of a step in one call where the parts need the whole model or
+        the global norm (`needs`).
+
+        Args:
+            named: (name, tensor) pairs, in the same order on every rank.
+
+        Returns:
+            The mean over ranks of each tensor, in order, of its shape and dtype.
+
+        Raises:
+            NonFiniteError: A tensor holds NaN or Inf (with ``check_finite``).
+            PayloadError: A peer's payload is malformed.
+            CommunicationError: A peer died or hung past the collective timeout.
+
+        Example:
+            >>> import torch, gracecomm
+            >>> grace = gracecomm.build({"name": "topk", "ratio": 0.5})
+            >>> means = grace.step_many([("w", torch.tensor([1.0, -3.0])),
+            ...                          ("b", torch.tensor([0.25, 0.0]))])
+            >>> [m.tolist() for m in means]
+            [[0.0, -3.0], [0.25, 0.0]]
+        """
         means = self.start_many(named).wait()
         self.end_step()
         return means
 
     def start_many(self, named: Named) -> Exchange:
-        """Compress `named` on this thread and launch their exchange: ``wait()`` returns the
-        means (in order, same shapes and dtypes) and ``submit()`` lets the later rounds run
-        on the communicator's worker while this thread goes on (`gracecomm.exchange`). Part of
-        the current step until `end_step`."""
+        """Compress `named` on this thread and launch their exchange, without waiting.
+
+        ``wait()`` on the result returns the means (in order, same shapes and dtypes) and
+        ``submit()`` lets the later rounds run on the communicator's worker while this
+        thread goes on (`gracecomm.exchange`). The call is part of the current step until
+        `end_step` (`step_many` is ``start_many(named).wait()`` then ``end_step()``).
+
+        Args:
+            named: (name, tensor) pairs, in the same order on every rank.
+
+        Returns:
+            The started `gracecomm.exchange.Exchange`.
+
+        Raises:
+            NonFiniteError: A tensor holds NaN or Inf (with ``check_finite``).
+        """
         metrics = self.metrics
         for name, grad in named:
             check_tensor(grad, name)
@@ -131,7 +224,7 @@ class Grace(Stateful):
         with metrics.timer("memory_s"):
             compensated = self.memory.compensate_many(live)
         runs = contiguous_runs([t for _, t in compensated])
-        finite = self.finite(live, compensated, runs)
+        finite = self._finite(live, compensated, runs)
         if not finite:  # compressed as zeros; the step's state is restored at `end_step`
             compensated = [(name, torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0))
                            for name, t in compensated]
@@ -140,7 +233,7 @@ class Grace(Stateful):
             metrics.add("exchanges", 1)  # the dense-allreduce baseline of gracecomm.network
         link = self.communicator.link(None if self.check_finite else not finite)
         link.max_nbytes = 4 * dense + 65536  # no peer's payload may announce more
-        if self.compressor.model_level:
+        if self.compressor.capabilities().model_level:
             rounds = self._model_rounds(compensated, link)
         elif self.joins_runs:
             rounds = self._run_rounds(compensated, runs, link)
@@ -156,12 +249,12 @@ class Grace(Stateful):
     @property
     def joins_runs(self) -> bool:
         """Whether tensors that lie back to back in memory are compressed and exchanged as
-        one (`_run_rounds`): an elementwise compressor with a memory that keeps nothing. A
-        DDP bucket can then be passed whole, with the same result."""
-        return (not self.compressor.model_level and self.memory.identity
-                and self.compressor.capabilities().elementwise)
+        one: an elementwise compressor with a memory that keeps nothing. A DDP bucket can
+        then be passed whole, with the same result."""
+        caps = self.compressor.capabilities()
+        return not caps.model_level and self.memory.identity and caps.elementwise
 
-    def finite(self, grads: Named, compensated: Named, runs: Sequence[range]) -> bool:
+    def _finite(self, grads: Named, compensated: Named, runs: Sequence[range]) -> bool:
         """Whether every tensor to compress is finite (one read each, one call for each of
         the `runs` of tensors back to back in memory, `gracecomm.wire.contiguous_runs`); with
         `check_finite`, raise `NonFiniteError` naming the first that is not, and whether the
@@ -176,7 +269,7 @@ class Grace(Stateful):
 
     def _finite_one(self, grad: tuple[str, torch.Tensor], compensated: tuple[str, torch.Tensor]
                     ) -> bool:
-        """`finite` for one tensor."""
+        """`_finite` for one tensor."""
         name, tensor = compensated
         if is_finite(tensor, name):
             return True
@@ -189,8 +282,11 @@ class Grace(Stateful):
             "gradients down")
 
     def end_step(self) -> None:
-        """Close the step: where an exchange of it carried a non-finite gradient on any
-        rank, restore the compression state from before the step (class docstring)."""
+        """Close the step that `start_many` calls opened.
+
+        Where an exchange of the step carried a non-finite gradient on any rank (without
+        ``check_finite``), the compression state from before the step is restored (class
+        docstring)."""
         if self._nonfinite_step:
             self.load_state_dict(self._before_step)
             self.metrics.add("nonfinite_steps", 1)
@@ -290,7 +386,12 @@ class Grace(Stateful):
         return result
 
     def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch to schedules (e.g. a warm-up of the compression ratio)."""
+        """Tell schedules that change with the epoch (DGC's warm-up of the ratio) which one
+        begins.
+
+        Args:
+            epoch: The epoch about to start, from 0.
+        """
         self.compressor.set_epoch(epoch)
 
 
@@ -311,9 +412,22 @@ Spec = str | Mapping[str, Any] | Compressor | Memory | Communicator | None
 
 
 def make_part(spec: Spec, registry: Registry, base: type) -> Any:
-    """An instance of `base` from a registry name, a mapping with ``name`` (and options) or
-    ``_target_``, or an instance (returned as is). Wrappers such as DeepReduce use it for
-    their nested parts."""
+    """One part from any of the forms `build` takes; wrappers such as DeepReduce use it for
+    their nested parts.
+
+    Args:
+        spec: A registry name, a mapping with ``name`` (and options) or ``_target_``, or an
+            instance of `base` (returned as is).
+        registry: Where names are looked up (`COMPRESSORS`, ...).
+        base: The class the part must be an instance of.
+
+    Returns:
+        The part.
+
+    Raises:
+        ConfigError: An unknown name or option, a mapping without ``name`` or ``_target_``,
+            or a value of another type.
+    """
     if isinstance(spec, base):
         return spec
     if isinstance(spec, str):
@@ -332,15 +446,40 @@ def make_part(spec: Spec, registry: Registry, base: type) -> Any:
 
 def build(compressor: Spec = "none", memory: Spec = None, communicator: Spec = None,
           *, check_finite: bool = True) -> Grace:
-    """Assemble a pipeline: the one place where a compressor's default memory and
-    communicator are applied (the trainer's ``memory=auto`` and ``communicator=auto`` too).
-    Each part may be a registry name (``"topk"``), a mapping with ``name`` and options
-    (``{"name": "topk", "ratio": 0.01}``), a Hydra config with ``_target_``, or an
-    instance. A memory or communicator left out (or ``"auto"``) is the compressor's default,
-    which may depend on its options (e.g. Top-k brings residual memory and allgather;
-    summable methods allreduce).
+    """Assemble a pipeline from names, mappings, Hydra configs or instances.
 
-        grace = build({"name": "topk", "ratio": 0.01})
+    This is the one place where a compressor's default memory and communicator are applied
+    (the trainer's ``memory=auto`` and ``communicator=auto`` too). A memory or communicator
+    left out (or ``"auto"``) is the compressor's default, which may depend on its options
+    (Top-k brings residual memory and allgather; summable methods bring allreduce).
+
+    Args:
+        compressor: A registry name (``"topk"``; `available` lists them), a mapping with
+            ``name`` and options (``{"name": "topk", "ratio": 0.01}``), a config with
+            ``_target_``, or a `Compressor` instance.
+        memory: The same forms for the memory; None or ``"auto"``: the compressor's
+            default.
+        communicator: The same forms for the communicator; None or ``"auto"``: the
+            compressor's default.
+        check_finite: Raise `NonFiniteError` on a non-finite gradient (True), or let a
+            step with one pass through for a loss scaler to skip (False; see `Grace`).
+
+    Returns:
+        The assembled `Grace` pipeline, its compressor's kernels already loaded.
+
+    Raises:
+        ConfigError: An unknown name (the message lists the valid ones), an unknown or
+            invalid option (the message names it and what is allowed), or a ``_target_``
+            that is not a registered part (old ``grace.*`` paths name the new one).
+        IncompatibleError: The parts cannot work together (allreduce with Top-k).
+        MissingDependency: The chosen option needs a package that is not installed.
+
+    Example:
+        >>> import gracecomm
+        >>> gracecomm.build({"name": "topk", "ratio": 0.01})
+        Grace(compressor='topk', memory='residual', communicator='allgather')
+        >>> gracecomm.build("fp16", communicator="allgather")
+        Grace(compressor='fp16', memory='none', communicator='allgather')
     """
     comp = make_part(compressor, COMPRESSORS, Compressor)
     caps = comp.capabilities()

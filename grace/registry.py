@@ -33,20 +33,59 @@ T = TypeVar("T", bound=type)
 
 
 class UnknownNameError(ConfigError, KeyError):
-    """A name that is not in a registry; the message lists the valid names."""
+    """A name that is not in a registry; the message lists the valid names.
+
+    Example:
+        >>> import gracecomm
+        >>> gracecomm.build("tpok")
+        Traceback (most recent call last):
+        ...
+        gracecomm.registry.UnknownNameError: unknown compressor 'tpok'. Did you mean 'topk'? ...
+    """
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
 
 
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` for the choice closest to a misspelt `word`, else ``''``."""
+    """A hint for a misspelt word, for messages.
+
+    Args:
+        word: What the user wrote.
+        choices: The valid words.
+
+    Returns:
+        `` Did you mean 'x'?`` for the closest choice, else ``''``.
+    """
     close = difflib.get_close_matches(str(word), list(choices), n=1)
     return f" Did you mean '{close[0]}'?" if close else ""
 
 
 class Registry:
-    """A named family of classes."""
+    """A named family of classes (`COMPRESSORS`, `MEMORIES`, `COMMUNICATORS`, DeepReduce's
+    codecs).
+
+    Args:
+        kind: The family's name in messages and entry points (``"compressor"``).
+        builtin: The package whose import registers the built-in classes, imported the
+            first time the registry is queried.
+
+    Example:
+        A method package registers its classes in `COMPRESSORS`
+        (``@COMPRESSORS.register("name")``); a family of its own works the same way:
+
+        >>> from gracecomm import Compressor
+        >>> from gracecomm.registry import Registry
+        >>> mine = Registry("compressor")
+        >>> @mine.register("identity")
+        ... class Identity(Compressor):
+        ...     def compress(self, tensor, name):
+        ...         return (tensor,), None
+        ...     def decompress(self, payload, ctx):
+        ...         return payload[0]
+        >>> mine.available(), mine.create("identity").label
+        (['identity'], "compressor 'identity'")
+    """
 
     def __init__(self, kind: str, builtin: str | None = None) -> None:
         self.kind = kind
@@ -55,7 +94,17 @@ class Registry:
         self._loaded = False
 
     def register(self, name: str) -> Callable[[T], T]:
-        """Class decorator adding the class under `name` (and setting its `registry_name`)."""
+        """A class decorator registering the class under a name.
+
+        Args:
+            name: The name users type (``compressor=name``, ``build("name")``).
+
+        Returns:
+            The decorator; it sets the class's ``registry_name`` unless the class sets it.
+
+        Raises:
+            ConfigError: Another class is registered under `name`.
+        """
 
         def decorator(cls: T) -> T:
             existing = self._classes.get(name)
@@ -87,14 +136,31 @@ class Registry:
     def available(self, verbose: Literal[True]) -> dict[str, str]: ...
 
     def available(self, verbose: bool = False) -> list[str] | dict[str, str]:
-        """Sorted names of every registered class; with `verbose`, name -> the module that
-        defines the class (where to read the method)."""
+        """The names of every registered class.
+
+        Args:
+            verbose: Map each name to the module that defines the class (where to read the
+                method).
+
+        Returns:
+            The sorted names, or name -> module.
+        """
         self._load()
         names = sorted(self._classes)
         return {n: self._classes[n].__module__ for n in names} if verbose else names
 
     def get(self, name: str) -> type:
-        """The class registered under `name`; a typo raises with the valid names."""
+        """The class registered under a name.
+
+        Args:
+            name: The name.
+
+        Returns:
+            The class.
+
+        Raises:
+            UnknownNameError: No class has that name (the message lists the valid names).
+        """
         self._load()
         if name not in self._classes:
             raise UnknownNameError(f"unknown {self.kind} '{name}'."
@@ -103,19 +169,45 @@ class Registry:
         return self._classes[name]
 
     def create(self, name: str, **kwargs: Any) -> Any:
-        """Instantiate the class registered under `name` with `kwargs`; an option the class
-        does not take (or a required one left out) raises `ConfigError` listing its options."""
+        """An instance of the class registered under a name.
+
+        Args:
+            name: The name.
+            **kwargs: Its options.
+
+        Returns:
+            The instance.
+
+        Raises:
+            UnknownNameError: No class has that name.
+            ConfigError: An option the class does not take, a required one left out (the
+                message lists its options), or a bad value.
+        """
         cls = self.get(name)
         check_options(cls, kwargs, f"{self.kind} '{name}'")
         return cls(**kwargs)
 
     def preset(self, name: str, base: type, module: str, qualname: str, doc: str,
                **defaults: Any) -> type:
-        """Register `name` as `base` with other default options: a preset written as data
-        (the options that differ) rather than as a subclass restating the signature. The
-        class it returns is named `qualname` in `module`; bind it to that name there, so
-        that it pickles. Its signature shows the preset's defaults, so option checks and
-        the YAML test (tests/test_configs.py) see them."""
+        """Register a class with other default options: a preset written as data (the
+        options that differ) rather than as a subclass restating the signature. Its
+        signature shows the preset's defaults, so option checks and the YAML test
+        (tests/test_configs.py) see them.
+
+        Args:
+            name: The preset's registry name.
+            base: The class it presets.
+            module: The module the new class is named in.
+            qualname: Its name there; bind it to that name, so that it pickles.
+            doc: Its docstring.
+            **defaults: The options that differ from `base`'s defaults.
+
+        Returns:
+            The new, registered class.
+
+        Raises:
+            ConfigError: A default names an option `base` does not take.
+        """
         options = options_of(base) or {}
         for key in defaults:
             if key not in options:
@@ -137,7 +229,14 @@ class Registry:
         return self.register(name)(cls)
 
     def name_of(self, cls: type) -> str | None:
-        """The name `cls` is registered under, if any."""
+        """The name a class is registered under.
+
+        Args:
+            cls: The class.
+
+        Returns:
+            Its name, or None.
+        """
         self._load()
         for name, registered in self._classes.items():
             if registered is cls:
@@ -150,8 +249,15 @@ class Registry:
 
 
 def options_of(cls: type) -> dict[str, inspect.Parameter] | None:
-    """The keyword options `cls` takes, from its constructor's signature (None when the
-    signature cannot be read or takes ``**kwargs``: any option may be valid)."""
+    """The keyword options a class takes, from its constructor's signature.
+
+    Args:
+        cls: The class.
+
+    Returns:
+        Option name -> parameter; None when the signature cannot be read or takes
+        ``**kwargs`` (any option may be valid).
+    """
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
@@ -163,8 +269,17 @@ def options_of(cls: type) -> dict[str, inspect.Parameter] | None:
 
 
 def check_options(cls: type, options: Mapping[str, Any], owner: str) -> None:
-    """Raise `ConfigError` naming the option and listing the allowed ones when `options`
-    holds a name the constructor of `cls` does not take or lacks one it requires."""
+    """Check options against a class's constructor.
+
+    Args:
+        cls: The class.
+        options: The options to check.
+        owner: The part's label, for messages.
+
+    Raises:
+        ConfigError: An option the constructor does not take, or a required one missing
+            (the message names it and lists the allowed ones).
+    """
     allowed = options_of(cls)
     if allowed is None:
         return
@@ -186,7 +301,14 @@ REGISTRIES: dict[str, Registry] = {r.kind: r for r in (COMPRESSORS, MEMORIES, CO
 
 
 def add_registry(registry: Registry) -> Registry:
-    """Make a further family (e.g. ``index_codec``) reachable through `available`/`create`."""
+    """Make a further family (``index_codec``) reachable through `available` and `create`.
+
+    Args:
+        registry: The family's registry.
+
+    Returns:
+        `registry`.
+    """
     REGISTRIES[registry.kind] = registry
     return registry
 
@@ -210,16 +332,68 @@ def available(kind: str, verbose: Literal[True]) -> dict[str, str]: ...
 
 
 def available(kind: str, verbose: bool = False) -> list[str] | dict[str, str]:
-    """Names registered in the family `kind` ('compressor', 'memory', 'communicator', ...);
-    with `verbose`, name -> the module its class lives in (``'gracecomm.compressors.topk'``)."""
+    """The names registered in a family.
+
+    Args:
+        kind: ``"compressor"``, ``"memory"``, ``"communicator"``, or a family a method
+            package adds (``"index_codec"``).
+        verbose: Map each name to the module its class lives in.
+
+    Returns:
+        The sorted names, or name -> module (``'gracecomm.compressors.topk'``).
+
+    Raises:
+        UnknownNameError: No such family.
+
+    Example:
+        >>> import gracecomm
+        >>> "topk" in gracecomm.available("compressor")
+        True
+        >>> gracecomm.available("memory", verbose=True)["residual"]
+        'gracecomm.memories.residual'
+    """
     return _registry(kind).available(verbose)
 
 
 def get(kind: str, name: str) -> type:
+    """The class registered under a name in a family.
+
+    Args:
+        kind: The family (``"compressor"``, ...).
+        name: The name.
+
+    Returns:
+        The class.
+
+    Raises:
+        UnknownNameError: No such family or name (the message lists the valid ones).
+
+    Example:
+        >>> from gracecomm import registry
+        >>> registry.get("compressor", "topk").__name__
+        'TopK'
+    """
     return _registry(kind).get(name)
 
 
 def create(kind: str, name: str, **kwargs: Any) -> Any:
-    """Instantiate `name` from the family `kind`, e.g.
-    ``create('compressor', 'topk', ratio=0.01)``."""
+    """An instance of a registered class.
+
+    Args:
+        kind: The family (``"compressor"``, ``"memory"``, ``"communicator"``, ...).
+        name: The name.
+        **kwargs: Its options.
+
+    Returns:
+        The instance.
+
+    Raises:
+        UnknownNameError: No such family or name (the message lists the valid ones).
+        ConfigError: An unknown, missing or invalid option (the message names it).
+
+    Example:
+        >>> import gracecomm
+        >>> gracecomm.create("compressor", "topk", ratio=0.01).ratio
+        0.01
+    """
     return _registry(kind).create(name, **kwargs)

@@ -40,15 +40,26 @@ class Stateful:
         return tuple(names)
 
     def children(self) -> Iterator[Stateful]:
-        """Every sub-part, in declaration order (lists of parts flattened)."""
+        """Every sub-part, in declaration order (lists of parts flattened).
+
+        Returns:
+            An iterator over the parts ``child_attrs`` hold.
+        """
         for attr in self._declared("child_attrs"):
             value = getattr(self, attr)
             yield from (v for v in (value if isinstance(value, (list, tuple)) else (value,))
                         if v is not None)
 
     def nearest(self, kind: type[T]) -> Iterator[T]:
-        """The closest sub-parts of type `kind`: children of that type, and those found
-        below children of other types (a compressor inside a codec), not below them."""
+        """The closest sub-parts of a type: children of that type, and those found below
+        children of other types (a compressor inside a codec), not below them.
+
+        Args:
+            kind: The type.
+
+        Returns:
+            An iterator over those sub-parts.
+        """
         for child in self.children():
             if isinstance(child, kind):
                 yield child
@@ -56,9 +67,20 @@ class Stateful:
                 yield from child.nearest(kind)
 
     def state_dict(self) -> dict[str, Any]:
-        """State needed to resume bit-identically (tensors and plain Python values only);
-        containers are copied, tensors are the part's own (parts replace their state tensors
-        instead of writing into them)."""
+        """The state needed to resume bit-identically.
+
+        Returns:
+            A nested dict of tensors and plain Python values only (loadable with
+            ``torch.load(..., weights_only=True)``); containers are copied, tensors are the
+            part's own (parts replace their state tensors instead of writing into them).
+
+        Example:
+            >>> import torch, gracecomm
+            >>> grace = gracecomm.build({"name": "topk", "ratio": 0.5})
+            >>> _ = grace.step(torch.tensor([1.0, -3.0]), "w")
+            >>> grace.state_dict()["memory"]["residuals"]
+            {'w': tensor([1., 0.])}
+        """
         state = {attr: _copy(getattr(self, attr)) for attr in self._declared("state_attrs")}
         for attr in self._declared("child_attrs"):
             value = getattr(self, attr)
@@ -69,7 +91,15 @@ class Stateful:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what `state_dict` returned."""
+        """Restore what `state_dict` returned.
+
+        Args:
+            state: A state dict of a part built with the same options.
+
+        Raises:
+            ValueError: An entry is missing, or a list of sub-parts has another length
+                (the message names the entry).
+        """
         for attr in self._declared("state_attrs"):
             if attr not in state:
                 raise ValueError(f"{type(self).__name__}: the state has no entry '{attr}' "

@@ -15,19 +15,58 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class ConfigError(ValueError):
-    """A component was configured with a value it cannot work with."""
+    """A component was configured with a value it cannot work with. Raised when the
+    component is built, before any worker starts; the message names the part, the option,
+    the bad value and what is allowed.
+
+    Example:
+        >>> import gracecomm
+        >>> gracecomm.build({"name": "topk", "ratio": 2})
+        Traceback (most recent call last):
+        ...
+        gracecomm.validation.ConfigError: compressor 'topk': option 'ratio' must be in (0, 1] ...
+    """
 
 
 class IncompatibleError(ConfigError):
-    """A compressor was paired with a memory or communicator that cannot carry it."""
+    """A compressor was paired with a memory or communicator that cannot carry it; the
+    message says what to pick instead.
+
+    Example:
+        >>> import gracecomm
+        >>> gracecomm.build("topk", communicator="allreduce")
+        Traceback (most recent call last):
+        ...
+        gracecomm.validation.IncompatibleError: communicator 'allreduce' sums payloads ...
+    """
 
 
 class PayloadError(ValueError):
-    """A payload (usually from a peer) is malformed: wrong length, dtype or indices."""
+    """A payload (usually from a peer) is malformed: wrong length, dtype or indices. It is
+    raised before anything is scattered or allocated from it.
+
+    Example:
+        >>> import torch, gracecomm
+        >>> top = gracecomm.create("compressor", "topk", ratio=0.5)
+        >>> (values, indices), ctx = top.compress(torch.tensor([1.0, -3.0]), "w")
+        >>> top.decompress((values, indices + 6), ctx)
+        Traceback (most recent call last):
+        ...
+        gracecomm.validation.PayloadError: sparse indices span [7, 7] but the tensor has 2 ...
+    """
 
 
 class NonFiniteError(FloatingPointError):
-    """A tensor holds NaN or Inf where the component cannot handle it."""
+    """A tensor holds NaN or Inf where the component cannot handle it; the message names
+    the tensor and how to let a loss scaler's overflow steps through.
+
+    Example:
+        >>> import torch, gracecomm
+        >>> gracecomm.build("topk").step(torch.tensor([1.0, float("nan")]), "w")
+        Traceback (most recent call last):
+        ...
+        gracecomm.validation.NonFiniteError: tensor 'w' holds 1 NaN and 0 Inf values out of 2; ...
+    """
 
 
 class MissingDependency(ImportError):

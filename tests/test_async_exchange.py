@@ -135,6 +135,7 @@ def die_in_backward(rank: int, world_size: int, out: str) -> None:
         raise
 
 
+@pytest.mark.slow
 def test_a_rank_dying_during_an_async_exchange_fails_the_training_loop(tmp_path):
     out = tmp_path / "rank0_error.txt"
     with pytest.raises(WorkerError, match="rank 1"):
@@ -167,5 +168,6 @@ def nan_in_backward(rank, world_size):
     assert "tensor '2.weight'" in str(state.error), str(state.error)
 
 
+@pytest.mark.slow
 def test_the_hook_keeps_its_own_error_for_the_loop():
     run_ranks(nan_in_backward, 2)

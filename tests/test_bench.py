@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from gracecomm.experiments.bench import PeakMemory
@@ -23,6 +24,7 @@ def bench(tmp_path, *overrides):
     return proc, json.loads((tmp_path / "bench.json").read_text())
 
 
+@pytest.mark.slow
 def test_compressors_suite_runs(tmp_path):
     methods = "[topk,randomk,none,dgc,sidco_gp,redsync,gaussiank]"  # presets, registry names
     proc, records = bench(tmp_path, "sizes=[4096]", "distributions=[laplace,student_t]",
@@ -71,6 +73,7 @@ def test_synthetic_sources_and_quality_band():
     assert band["quality"] == 1.0 and band["quality_p5"] < 1.0 < band["quality_p95"]
 
 
+@pytest.mark.slow
 def test_hook_suite_runs_two_ranks_and_names_bad_methods(tmp_path):
     """Plain DDP, this library's hook and PyTorch's fp16 hook on 2 Gloo ranks; each record
     is set against plain DDP (and PyTorch's hook where the method has one)."""

@@ -86,7 +86,8 @@ def test_randomk_shared_seed_and_unbiased_scale():
         payload, ctx = unbiased.compress(t, "x")
         mean += unbiased.decompress(payload, ctx)
     mean /= 2000
-    # each element is kept with probability 0.1 and scaled by 10: sd of the mean = |t| * 3 / sqrt(2000)
+    # each element is kept with probability 0.1 and scaled by 10:
+    # sd of the mean = |t| * 3 / sqrt(2000)
     z = (mean - t) / (t.abs() * 3 / math.sqrt(2000))
     assert z.abs().max() < 5
 
@@ -185,12 +186,32 @@ def test_bad_ratio_is_refused(ratio):
 
 
 def test_unknown_names_list_valid_ones():
-    with pytest.raises(registry.UnknownNameError, match="Did you mean 'topk'.*Available: .*randomk"):
+    with pytest.raises(registry.UnknownNameError,
+                       match="Did you mean 'topk'.*Available: .*randomk"):
         gracecomm.build("tpok")
     with pytest.raises(registry.UnknownNameError, match="unknown memory"):
         gracecomm.build("topk", "residul")
     with pytest.raises(registry.UnknownNameError, match="unknown communicator"):
         gracecomm.build("topk", "none", "allgater")
+
+
+@pytest.mark.parametrize("spec,where,new", [
+    ({"_target_": "grace.compressors.topk.TopK", "ratio": 0.01}, "<root>",
+     "gracecomm.compressors.topk.TopK"),
+    ({"_target_": "gracecomm.compressors.compose.Compose",
+      "compressors": ["randomk", {"_target_": "grace.compressors.cast.FP16"}]},
+     "compressors[1]", "gracecomm.compressors.cast.FP16"),
+])
+def test_an_old_grace_target_names_its_new_path(spec, where, new):
+    """A config saved before the one import root: its ``grace.*`` _target_ is refused with
+    the ``gracecomm.*`` path to use, at any depth, before anything is imported."""
+    old = new.replace("gracecomm.", "grace.", 1)
+    with pytest.raises(ConfigError) as err:
+        gracecomm.build(spec)
+    assert str(err.value) == (f"config '{where}' has _target_ '{old}': the core moved to the "
+                              f"import root gracecomm, use '{new}'")
+    with pytest.raises(ConfigError, match="use 'gracecomm.memories.residual.Residual'"):
+        gracecomm.build("topk", {"_target_": "grace.memories.residual.Residual"})
 
 
 def test_incompatible_pairing_is_refused_at_build_time():
@@ -343,7 +364,7 @@ def test_recycled_buffers_are_never_lent_twice_across_threads(monkeypatch):
 
     def work(mark: float) -> None:
         held = []
-        for i in range(40):
+        for _ in range(40):
             out = dense_zeros(n, torch.float32, "cpu")
             if out.any():
                 failures.append("not zeroed")

@@ -103,6 +103,7 @@ def test_no_false_negatives_and_fpr_follows_lemma_2(pattern):
     assert torch.equal(other, positives)
 
 
+@pytest.mark.slow  # 100 filters queried over 100,000 positions each: seconds
 @pytest.mark.parametrize("r,rel", [(1, 0.05), (5, 0.3), (40, 0.12)])
 def test_small_filters_keep_their_false_positive_rate(r, rel):
     """Independent slice hashes: even a filter of one element (w = 2) has FPR ~ 2^-10 at

@@ -61,6 +61,7 @@ def check_communicators(rank, world_size):
     assert g.metrics.pop()["wire_bytes"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_communicators_return_the_mean(world_size):
     run_ranks(check_communicators, world_size)
@@ -122,5 +123,6 @@ def check_ddp_hook(rank, world_size):
     assert stats["wire_bytes"] == sum(8 * max(1, int(0.1 * p.numel())) for p in base.parameters())
 
 
+@pytest.mark.slow
 def test_ddp_hook_matches_hand_computation():
     run_ranks(check_ddp_hook, 2)

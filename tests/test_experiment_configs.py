@@ -61,6 +61,7 @@ def test_sweep_names_registered_compressors_and_existing_presets(experiment):
             assert not unknown, f"{experiment}: {key} names {unknown}, not in {options}"
 
 
+@pytest.mark.slow  # composes and builds every job: seconds per sweep
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_job_of_the_sweep_composes_and_builds(experiment):
     for overrides in jobs(experiment):
@@ -75,6 +76,7 @@ def sweep_compressors(experiment: str, *arguments: str) -> dict[str, DictConfig]
             for job in jobs(experiment, *arguments)}
 
 
+@pytest.mark.slow  # composes every job of a sweep: seconds
 def test_grace_benchmark_covers_every_registered_compressor():
     cfgs = sweep_compressors("grace_benchmark")
     assert sorted({compressor_name(c) for c in cfgs.values()}) == registry.available("compressor")
@@ -89,6 +91,7 @@ def test_grace_benchmark_covers_every_registered_compressor():
     assert (lgc.warmup_iters, lgc.ae_train_iters) == (20, 60)
 
 
+@pytest.mark.slow  # composes every job of a sweep: seconds
 def test_every_method_runs_every_compressor_from_its_name_alone():
     """Each job is ``compressor=NAME seed=S`` on the default experiment: nothing else."""
     assert values("every_method", "seed") == ["0", "1", "2"]
@@ -125,11 +128,13 @@ def test_natural_has_the_standard_counterparts():
 
 
 def _bloom(cfg: DictConfig) -> tuple[str, float] | None:
-    if compressor_name(cfg) != "deepreduce" or not cfg.compressor.index._target_.endswith("BloomIndex"):
+    if (compressor_name(cfg) != "deepreduce"
+            or not cfg.compressor.index._target_.endswith("BloomIndex")):
         return None
     return cfg.compressor.index.policy, cfg.compressor.index.fpr
 
 
+@pytest.mark.slow  # composes every job of a sweep: seconds
 def test_deepreduce_breaks_down_codecs_and_bloom_policies():
     cfgs = sweep_compressors("deepreduce")
     index = {c.compressor.index._target_.rsplit(".", 1)[1] for c in cfgs.values()
@@ -151,7 +156,8 @@ def test_deepreduce_breaks_down_codecs_and_bloom_policies():
 def test_sparse_model_runs_deepreduce_without_a_sparsifier():
     cfgs = [c for c in sweep_compressors("sparse_model").values()
             if compressor_name(c) == "deepreduce"]
-    assert {c.compressor.sparsifier._target_ for c in cfgs} == {"gracecomm.compressors.deepreduce.NonZero"}
+    assert ({c.compressor.sparsifier._target_ for c in cfgs}
+            == {"gracecomm.compressors.deepreduce.NonZero"})
     assert sorted(_bloom(c) for c in cfgs) == [("p0", 0.6), ("p2", 0.01)]
     assert {"none"} <= {compressor_name(c) for c in sweep_compressors("sparse_model").values()}
 

@@ -58,6 +58,7 @@ def step_every_pair(rank, world_size):
         assert set(result) == {"test_loss", task.metric} and math.isfinite(result[task.metric])
 
 
+@pytest.mark.slow
 def test_every_model_and_data_set_takes_a_step_on_two_ranks():
     run_ranks(step_every_pair, 2, timeout_s=240)
 
@@ -80,7 +81,8 @@ def test_implicit_feedback_leave_one_out_protocol():
     pairs, labels = bundle.train.tensors
     cand, cand_labels = bundle.test.tensors
     assert bundle.task == "recommendation" and bundle.task_options == {"k": 10}
-    assert cand.shape == (60, 50, 2) and torch.equal(cand[:, :, 0], torch.arange(60)[:, None].expand(60, 50))
+    assert cand.shape == (60, 50, 2)
+    assert torch.equal(cand[:, :, 0], torch.arange(60)[:, None].expand(60, 50))
     assert torch.equal(cand_labels[:, 0], torch.ones(60)) and cand_labels[:, 1:].sum() == 0
     assert int((labels == 0).sum()) == 3 * int((labels == 1).sum())
     positives = {(int(u), int(i)) for u, i in pairs[labels == 1]}
@@ -201,7 +203,8 @@ def test_experiment_scale_selects_a_preset():
     small = compose_train("+experiment=sparse_model")
     paper = compose_train("+experiment=sparse_model", "experiment.scale=paper")
     assert (small.data.num_users, small.trainer.world_size) == (2000, 2)
-    assert (paper.data.num_users, paper.model.num_users, paper.trainer.world_size) == (138493, 138493, 4)
+    assert ((paper.data.num_users, paper.model.num_users, paper.trainer.world_size)
+            == (138493, 138493, 4))
 
 
 @pytest.mark.parametrize("method", sorted(p.stem for p in (CONFIG_DIR / "method").glob("*.yaml")))
@@ -210,4 +213,5 @@ def test_method_presets_build(method):
     expected = {"dense": ("NoneCompressor", "allreduce"), "fp16": ("FP16", "allreduce"),
                 "nonzeros": ("Threshold", "allgather"), "topk10": ("TopK", "allgather")}
     if method in expected:
-        assert (type(grace.compressor).__name__, grace.communicator.registry_name) == expected[method]
+        parts = (type(grace.compressor).__name__, grace.communicator.registry_name)
+        assert parts == expected[method]

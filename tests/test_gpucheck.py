@@ -210,14 +210,15 @@ def test_cpu_mode_lists_every_method_and_passes(tmp_path):
     assert "PASSED" in (run_dir / "gpucheck.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_method_that_cannot_run_is_listed_with_its_reason(tmp_path, monkeypatch):
     """One broken method does not stop the others; the report says what went wrong."""
     cfg = OmegaConf.load(CONFIG)
     del cfg["hydra"]
     cfg.update({"device": "cpu", "sizes": [4096], "check_numel": 5000, "calls": 1,
                 "pipeline_steps": 1, "repeats": 1, "warmup": 0,
-                "methods": ["topk", "bad_ratio", "signsgd"]})
-    cfg.variants["bad_ratio"] = ["compressor=topk", "compressor.ratio=2.0"]
+                "methods": ["topk", "topk[ratio=2.0]", "signsgd"]})
+    cfg.variants["topk"] = {"ratio": 2.0}
     cfg.ddp.methods = []
 
     def no_device(self, tensor, name):
@@ -227,8 +228,9 @@ def test_a_method_that_cannot_run_is_listed_with_its_reason(tmp_path, monkeypatc
     report = gpucheck.run_checks(cfg, tmp_path, log=lambda line: None)
     methods = report["methods"]
     assert methods["topk"]["ok"] and methods["topk"]["agree"] == "identical"
-    assert methods["bad_ratio"]["agree"] == "cannot build" and not methods["bad_ratio"]["ok"]
-    assert "ratio" in methods["bad_ratio"]["reason"]
+    bad = methods["topk[ratio=2.0]"]
+    assert bad["agree"] == "cannot build" and not bad["ok"]
+    assert "ratio" in bad["reason"]
     assert methods["signsgd"]["agree"] == "cannot run" and not methods["signsgd"]["ok"]
     assert "no kernel for this device" in methods["signsgd"]["reason"]
     assert report["ok"] is False

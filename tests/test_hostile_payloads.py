@@ -87,6 +87,7 @@ def hostile(rank: int, world_size: int, case: str, out: str) -> None:
         raise
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_a_malformed_payload_raises_payload_error_naming_the_rank(case, tmp_path):
     with pytest.raises(WorkerError) as info:

@@ -203,6 +203,7 @@ def test_grace_strategy_takes_build_specs_and_every_ddp_keyword():
         GraceStrategy("tpok")
 
 
+@pytest.mark.slow
 def test_without_lightning_the_module_names_the_extra():
     code = ("import sys; sys.modules['lightning'] = sys.modules['pytorch_lightning'] = None\n"
             "import gracecomm.lightning")

@@ -100,6 +100,7 @@ def test_optuna_multi_objective_sweep_of_three_trials(tmp_path):
     assert (tmp_path / "sweep" / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_torchrun_refuses_a_multirun(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     torchrun = shutil.which("torchrun", path=str(BIN))

@@ -217,6 +217,7 @@ def test_non_finite_reconstruction_raises():
         comp.check_reconstruction(torch.tensor([1.0, float("inf")]))
 
 
+@pytest.mark.slow  # trains the autoencoder through its phases: seconds
 @pytest.mark.parametrize("name", ["lgc_rar", "lgc_ps"])
 def test_state_round_trips_through_a_checkpoint(name):
     """Resume mid-phase 2 from a `weights_only` checkpoint: the next steps (through phase 3)
@@ -248,7 +249,8 @@ def test_tiny_and_degenerate_models():
     two = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
     for model, mu in ((tiny, 3), (two, 0)):
         for name in ("lgc_rar", "lgc_ps"):
-            g = gracecomm.build({"name": name, "ratio": 0.1, "warmup_iters": 1, "ae_train_iters": 2})
+            g = gracecomm.build({"name": name, "ratio": 0.1, "warmup_iters": 1,
+                                 "ae_train_iters": 2})
             for step in range(5):
                 outs = g.step_many(model_grads(model, step))
                 assert all(torch.isfinite(o).all() for o in outs)
@@ -274,7 +276,8 @@ def test_bad_options_name_the_option():
         LGCRar(ae={"optimizer": "lbfgs"})
     with pytest.raises(gracecomm.IncompatibleError, match="only with communicator 'allreduce'"):
         gracecomm.build("lgc_rar", communicator="allgather")
-    with pytest.raises(gracecomm.IncompatibleError, match="only with communicator 'parameter_server'"):
+    with pytest.raises(gracecomm.IncompatibleError,
+                       match="only with communicator 'parameter_server'"):
         gracecomm.build("lgc_ps", communicator="allreduce")
     for options in ({"name": "lgc_rar", "trainer_rank": 3}, {"name": "lgc_ps", "leader_rank": 2}):
         g = gracecomm.build({**options, "warmup_iters": 0, "ae_train_iters": 0})

@@ -201,11 +201,13 @@ def check_ps_learns_a_common_part(rank, world_size, lr, learns):
         assert (mean(rho) <= 0.6 * mean(innov)) == learns, (mean(rho), mean(innov))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lr,learns", [(1e-3, True), (1e-12, False)])
 def test_ps_autoencoder_learns_what_workers_share(lr, learns):
     run_ranks(check_ps_learns_a_common_part, 2, lr, learns, timeout_s=240)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_lgc_on_several_ranks(world_size):
     run_ranks(check_lgc, world_size, timeout_s=240)

@@ -98,6 +98,7 @@ def test_conflicting_and_unknown_defaults_are_refused():
         apply_method_defaults(cfg, set(), wrong)
 
 
+@pytest.mark.slow  # composes every preset and experiment: seconds
 def test_presets_and_experiments_do_not_restate_them():
     """One declaration: no preset sets a trainer option its compressor declares, and no
     config reads a preset's copy of one (the former ``method.lr``)."""
@@ -110,6 +111,7 @@ def test_presets_and_experiments_do_not_restate_them():
         assert "method.lr" not in path.read_text(), path
 
 
+@pytest.mark.slow  # composes every job of a sweep: seconds
 @pytest.mark.parametrize("experiment", ["grace_benchmark", "deepreduce", "natural"])
 def test_experiments_get_the_method_defaults_over_their_recipe(experiment):
     for job in jobs(experiment):

@@ -93,5 +93,6 @@ def record_collectives(rank, world_size):
     assert stats["coll_broadcast_bytes"] == world_size * 110 * 8
 
 
+@pytest.mark.slow
 def test_communicators_record_their_collectives():
     run_ranks(record_collectives, 2)

@@ -27,6 +27,7 @@ def research_repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_registry_ignores_packages_in_the_working_directory(research_repo: Path) -> None:
     code = ("import gracecomm; g = gracecomm.build('topk'); print(g); "
             "print(len(gracecomm.available('compressor')))")
@@ -37,6 +38,7 @@ def test_registry_ignores_packages_in_the_working_directory(research_repo: Path)
     assert int(done.stdout.split()[-1]) > 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("script", "expect"), [("gracecomm-train", "_target_: gracecomm."),
                                                ("gracecomm-bench", "suite: compressors")])
 def test_console_scripts_run_beside_shadowing_packages(research_repo: Path, script: str,
@@ -63,6 +65,7 @@ def bash_completions(line: str) -> list[str]:
     return done.stdout.split()
 
 
+@pytest.mark.slow
 def test_shell_completion_of_the_console_script() -> None:
     assert {"compressor=topk", "compressor=threshold"} <= set(
         bash_completions("gracecomm-train compressor=t"))

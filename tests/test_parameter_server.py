@@ -57,7 +57,7 @@ def check_parameter_server(rank, world_size):
         outs = g.step_many(list(tensors.items()))
         stats = g.metrics.pop()
         down, sent = g.communicator.downlink, 0
-        for (tname, t), out in zip(tensors.items(), outs):
+        for tname, out in zip(tensors, outs):
             mean = expected_mean("none", world_size, tname)
             payload, ctx = down.compress(mean, tname)
             sent += payload_nbytes(payload)
@@ -87,6 +87,7 @@ def check_parameter_server(rank, world_size):
         torch.randn(30), "after"))
 
 
+@pytest.mark.slow
 def test_parameter_server_returns_the_mean():
     run_ranks(check_parameter_server, 3)  # the master first and last, a rank in between
 

@@ -86,6 +86,7 @@ def layout_rounds(rank, world_size):
     assert rounds == [1, 0, 1, 0, 0], rounds
 
 
+@pytest.mark.slow
 def test_layout_is_agreed_once_per_phase():
     from tests.helpers import run_ranks
     run_ranks(layout_rounds, 2)

@@ -105,6 +105,7 @@ def train_tiny_ddp(rank, pipeline, steps=3):
         assert all(torch.equal(q, p.detach()) for q in gather(p.detach())), pipeline
 
 
+@pytest.mark.slow
 def test_quantizers_on_two_ranks():
     run_ranks(check_quantizers, 2)
 

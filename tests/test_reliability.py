@@ -94,6 +94,7 @@ def resume_cli(tmp_path, *overrides):
         timeout=180)
 
 
+@pytest.mark.slow
 def test_resume_refuses_missing_or_foreign_checkpoints(tmp_path):
     proc = resume_cli(tmp_path, f"trainer.resume={tmp_path}/nothing")
     assert proc.returncode != 0 and "holds no complete checkpoint" in proc.stderr
@@ -136,6 +137,7 @@ def sleep_past_the_deadline(rank, world_size):
     time.sleep(3600)
 
 
+@pytest.mark.slow
 def test_hung_local_worker_is_named_with_its_stack():
     from gracecomm.experiments.launch import WorkerError, spawn
     start = time.monotonic()
@@ -148,6 +150,7 @@ def test_hung_local_worker_is_named_with_its_stack():
     assert "in wait_forever_in_rank_1" in message.split("Stacks of rank 1")[1], message
 
 
+@pytest.mark.slow
 def test_workers_past_the_deadline_show_their_stacks():
     from gracecomm.experiments.launch import WorkerTimeout, spawn
     with pytest.raises(WorkerTimeout) as info:
@@ -164,7 +167,8 @@ def launch_rank(rank, port, tmp_path, *overrides):
     env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     return subprocess.Popen(
-        [sys.executable, "-m", "gracecomm.experiments.train", f"hydra.run.dir={tmp_path}/rank{rank}",
+        [sys.executable, "-m", "gracecomm.experiments.train",
+         f"hydra.run.dir={tmp_path}/rank{rank}",
          "trainer.progress=false", "trainer.max_steps=3", "trainer.collective_timeout_s=30",
          *overrides], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
@@ -180,7 +184,8 @@ def test_ranks_with_different_setups_are_refused(tmp_path, override, part):
     errs = [p.communicate(timeout=120)[1] for p in procs]
     for p, err in zip(procs, errs):
         assert p.returncode != 0
-        assert "ranks were started with different set-ups" in err and f"'{part}'" in err, err[-1500:]
+        assert "ranks were started with different set-ups" in err, err[-1500:]
+        assert f"'{part}'" in err, err[-1500:]
 
 
 def check_consistency(rank, world_size):
@@ -191,6 +196,7 @@ def check_consistency(rank, world_size):
         verify_same_on_all_ranks({"a": "same", "b": "x" if rank == 0 else "y"})
 
 
+@pytest.mark.slow
 def test_consistency_check_names_the_differing_part():
     run_ranks(check_consistency, 2)
 
@@ -217,6 +223,7 @@ def open_temporary_directory(rank, world_size, out):
         f.write(KEPT[-1].name)
 
 
+@pytest.mark.slow
 def test_workers_remove_their_temporary_directories(tmp_path):
     """Workers end with os._exit, which skips the finalizers that remove temporary
     directories: the launcher's exit removes them first."""

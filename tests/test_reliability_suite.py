@@ -11,13 +11,15 @@ from gracecomm.experiments.reliability import CASES, Case
 
 TIMED = {"failing_rank_is_named_within_seconds", "killed_rank_is_named_within_seconds",
          "hung_rank_is_named_after_the_collective_timeout"}
-CHOSEN = [c for c in CASES if not c.slow or c.name in TIMED]
+SLOW = TIMED | {"curve_fits_are_repeatable"}  # they start workers, or take seconds
+CHOSEN = [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.name in SLOW else [])
+          for c in CASES if not c.slow or c.name in TIMED]
 
 
 def test_the_timed_faults_exist():
     assert TIMED <= {c.name for c in CASES}
 
 
-@pytest.mark.parametrize("case", CHOSEN, ids=[c.name for c in CHOSEN])
+@pytest.mark.parametrize("case", CHOSEN)
 def test_case(case: Case, tmp_path):
     assert case.fn(tmp_path)

@@ -102,7 +102,8 @@ def test_labels_name_what_sets_a_run_apart(tmp_path):
                            ("4_e", '{"_target_": "a.BloomIndex", "fpr": 0.01, "kernel": "auto"}',
                             0.001)):
         path = tmp_path / run / "metrics.jsonl"
-        path.write_text(path.read_text().replace('"ratio": 0.01', f'"ratio": 0.01, "index": {index}')
+        text = path.read_text()
+        path.write_text(text.replace('"ratio": 0.01', f'"ratio": 0.01, "index": {index}')
                         .replace('"lr": 0.1', f'"lr": {lr}'))
     runs = load_runs(tmp_path)
     assert plot_labels(runs) == [
@@ -120,6 +121,7 @@ def test_pareto_front(higher, front):
     assert pareto_front(points, higher) == front
 
 
+@pytest.mark.slow  # W&B's offline mode starts its service process
 def test_report_goes_to_wandb_offline(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -44,6 +44,7 @@ def test_every_step_runs_by_default_and_has_stamped_outputs():
         assert stamped["load"]["before"] is not None or stamped.get("load_text"), step
 
 
+@pytest.mark.slow
 def test_every_page_renders_as_committed():
     """What CI runs (`bash results/reproduce.sh --check`)."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -124,6 +125,7 @@ def test_blocks_get_the_stamps_they_read_and_inline_values_do_not(tmp_path):
             "changes to grace/x.py, 2026-01-02, load average 1.5 before, 2 after.</sub>") in out
 
 
+@pytest.mark.slow
 def test_stamp_names_the_commit_and_changes_that_could_alter_a_number(tmp_path):
     def git(*args):
         return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True,
@@ -155,6 +157,7 @@ def test_stamp_names_the_commit_and_changes_that_could_alter_a_number(tmp_path):
     assert stamped["commands"] == []  # begin starts afresh
 
 
+@pytest.mark.slow
 def test_the_sidco_bound_script_runs():
     """`python results/sidco_bound.py` (the results page's floor for SIDCo-E on heavy tails)
     still runs against the kernels it drives, on a small tensor."""

@@ -38,6 +38,7 @@ def check_allgather(rank, world_size):
         assert g.metrics.pop()["wire_bytes"] == 0
 
 
+@pytest.mark.slow
 def test_allgather_with_varying_and_empty_payloads():
     run_ranks(check_allgather, 2)
 

@@ -1,6 +1,7 @@
-"""Exact Top-k (`gracecomm.compressors.shared.exceedance.top_k`) and the key-based selection pass: the same kept
-magnitudes as ``torch.topk``, ties to the lowest index, on both backends, every float dtype
-and the hostile inputs (ties, all-equal, zeros, NaN/Inf, tiny and full k)."""
+"""Exact Top-k (`gracecomm.compressors.shared.exceedance.top_k`) and the key-based selection
+pass: the same kept magnitudes as ``torch.topk``, ties to the lowest index, on both backends,
+every float dtype and the hostile inputs (ties, all-equal, zeros, NaN/Inf, tiny and full
+k)."""
 
 from __future__ import annotations
 

@@ -143,7 +143,11 @@ def test_multirun_sweeps_compressors_and_wandb_offline(tmp_path):
     ("compressor.ratio=1.5", "option 'ratio' must be in (0, 1]"),
     ("trainer.world_size=0", "option 'world_size' must be an integer in [1, inf)"),
     ("communicator=allreduce", "not summable"),
+    # a config saved before the one import root
+    ("compressor._target_=grace.compressors.topk.TopK",
+     "the core moved to the import root gracecomm, use 'gracecomm.compressors.topk.TopK'"),
 ])
+@pytest.mark.slow
 def test_bad_config_fails_before_workers_start(tmp_path, override, message):
     proc = train(tmp_path, "compressor=topk", override, timeout=60)
     assert proc.returncode != 0
@@ -151,6 +155,7 @@ def test_bad_config_fails_before_workers_start(tmp_path, override, message):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no worker ever started
 
 
+@pytest.mark.slow
 def test_unknown_compressor_lists_choices(tmp_path):
     proc = train(tmp_path, "compressor=tpok", timeout=60)
     assert proc.returncode != 0

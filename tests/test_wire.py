@@ -33,7 +33,8 @@ def test_bit_order_is_lsb_first():
     bits = torch.tensor([1, 0, 0, 0, 0, 0, 0, 0, 0, 1], dtype=torch.bool)
     assert pack_bits(bits).tolist() == [1, 2]
     assert pack_uint(torch.tensor([1, 2, 3]), 2).tolist() == [0b111001]
-    # 3-bit fields cross byte boundaries: 5 = 101, 6 = 110, 7 = 111 -> stream 101 011 111 (LSB first)
+    # 3-bit fields cross byte boundaries: 5 = 101, 6 = 110, 7 = 111
+    # -> stream 101 011 111 (LSB first)
     assert pack_uint(torch.tensor([5, 3, 7]), 3).tolist() == [0b11011101, 0b1]
     assert torch.equal(unpack_bits(pack_bits(bits), 10), bits)
 

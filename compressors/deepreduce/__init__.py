@@ -39,6 +39,7 @@ from gracecomm.compressors.deepreduce.values import (
 __all__ = [
     "INDEX_CODECS", "VALUE_CODECS", "BitmapIndex", "BloomIndex", "CodecCtx", "DExpValues",
     "CompressorValues", "DeepReduce", "DeflateIndex", "DeflateValues", "DeltaVarintIndex",
-    "FP16Values", "HuffmanIndex", "IndexCodec", "NonZero", "PackedIndex", "PolyFitValues", "QSGDValues",
-    "RLEIndex", "Raw32Index", "RawValues", "ValueCodec", "bloom_size", "expected_fpr",
+    "FP16Values", "HuffmanIndex", "IndexCodec", "NonZero", "PackedIndex", "PolyFitValues",
+    "QSGDValues", "RLEIndex", "Raw32Index", "RawValues", "ValueCodec", "bloom_size",
+    "expected_fpr",
 ]

@@ -190,7 +190,7 @@ def huffman_code(d: int) -> tuple[torch.Tensor, torch.Tensor]:
             lengths[v] += 1
         heapq.heappush(heap, (fa + fb, min(ta, tb), sa + sb))
     codes, code, prev = [0] * 256, 0, 0
-    for length, v in sorted((l, v) for v, l in enumerate(lengths) if l):
+    for length, v in sorted((n, v) for v, n in enumerate(lengths) if n):
         code <<= length - prev
         codes[v], code, prev = code, code + 1, length
     return torch.tensor(lengths), torch.tensor(codes)

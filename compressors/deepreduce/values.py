@@ -70,7 +70,8 @@ class CompressorValues(ValueCodec):
     def __init__(self, compressor: str | Mapping[str, Any] | Compressor = "natural") -> None:
         self.compressor: Compressor = make_part(compressor, COMPRESSORS, Compressor)
         probe = TensorInfo(torch.Size([1]), torch.float32)
-        if self.compressor.model_level or self.compressor.payload_spec(probe) is None:
+        if (self.compressor.capabilities().model_level
+                or self.compressor.payload_spec(probe) is None):
             raise ConfigError(f"{self.label}: option 'compressor' must be a per-tensor "
                               "compressor that declares its payload layout (payload_spec: fp16, "
                               f"bf16, natural, the dithering family); got {self.compressor.label}")

@@ -1,14 +1,15 @@
-"""Numba CPU kernels behind `gracecomm.compressors.shared.exceedance` (imported only when the numba backend is
-used). Work is split into chunks of `CHUNK` elements, run on numba's threads when the
-caller asks for them (`parallel`) and in the calling thread otherwise; the float64 sums
-use reassociation only (no nnan/ninf), so NaN and Inf propagate into them.
+"""Numba CPU kernels behind `gracecomm.compressors.shared.exceedance` (imported only when the
+numba backend is used). Work is split into chunks of `CHUNK` elements, run on numba's threads
+when the caller asks for them (`parallel`) and in the calling thread otherwise; the float64
+sums use reassociation only (no nnan/ninf), so NaN and Inf propagate into them.
 
 The selection kernels read magnitude keys, the bit patterns of the elements with the sign
-cleared and every NaN pattern lowered to one key above Inf (`gracecomm.compressors.shared.exceedance.KeyLayout`),
-through the signed integer view of the tensor (int16, int32 or int64). A key is a hit when
-lo <= key <= lo + span, tested as the unsigned comparison key - lo <= span. Blocks of `LANES`
-keys are tested as one vector and their hits written with compress-store (`gracecomm.compressors.shared.simd`), so
-the pass costs about one read of the tensor at any hit density.
+cleared and every NaN pattern lowered to one key above Inf
+(`gracecomm.compressors.shared.exceedance.KeyLayout`), through the signed integer view of the
+tensor (int16, int32 or int64). A key is a hit when lo <= key <= lo + span, tested as the
+unsigned comparison key - lo <= span. Blocks of `LANES` keys are tested as one vector and
+their hits written with compress-store (`gracecomm.compressors.shared.simd`), so the pass
+costs about one read of the tensor at any hit density.
 
 Unless the user chose a threading layer (NUMBA_THREADING_LAYER), the kernels use numba's
 ``workqueue`` layer: OpenMP worker threads keep spinning after each parallel region and, next

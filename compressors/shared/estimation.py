@@ -15,8 +15,8 @@ What they share:
 - ``nonfinite``: ``raise`` (NonFiniteError naming the tensor) or ``dense`` (send every
   element, e.g. so that a loss scaler sees the overflow). The pipeline's own check
   (``check_finite``) normally stops such tensors before they get here.
-- A warm-up of the density (`gracecomm.compressors.shared.schedule.RatioSchedule`): ``warmup_epochs`` or an
-  explicit ``warmup_ratios`` list.
+- A warm-up of the density (`gracecomm.compressors.shared.schedule.RatioSchedule`):
+  ``warmup_epochs`` or an explicit ``warmup_ratios`` list.
 - ``sink``: an optional callable (set from Python) that receives one record per call:
   ``{name, step, d, k, k_hat, threshold, stages, fallback, excluded}``.
 """
@@ -50,8 +50,9 @@ class Selection:
 
 def exact_topk(x: torch.Tensor, k: int, fallback: str = "topk", backend: str = "auto"
                ) -> Selection:
-    """Exact Top-k of |x| (the guards' fallback, `gracecomm.compressors.shared.exceedance.top_k`); the threshold
-    recorded is the k-th magnitude."""
+    """Exact Top-k of |x| (the guards' fallback,
+    `gracecomm.compressors.shared.exceedance.top_k`); the threshold recorded is the k-th
+    magnitude."""
     indices, values = top_k(x, k, backend)
     thr = float(values.abs().min()) if k else None
     return Selection(indices, threshold=thr, fallback=fallback)

@@ -2,7 +2,8 @@
 extra). Each has a torch implementation elsewhere that gives the same bits; callers pick
 the kernel for contiguous float32 CPU tensors when numba is importable.
 
-- the counter generator of `gracecomm.compressors.shared.stochastic` (`hash_array`, `uniform_array`);
+- the counter generator of `gracecomm.compressors.shared.stochastic` (`hash_array`,
+  `uniform_array`);
 - sign planes (`pack_signs`, `signs_sum`), as `gracecomm.wire.pack_bits(x < 0)`
   would write;
 - natural compression fused with its 9-bit wire format (`nat9_encode`, `nat9_sum`);

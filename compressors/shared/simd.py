@@ -4,8 +4,8 @@ under a mask written contiguously; one AVX-512 instruction where the CPU has it,
 branch-free expansion elsewhere). They let a kernel append the elements that pass a test
 without a branch per element, which costs a mispredicted branch per hit otherwise.
 
-`compress` is the generic primitive; `gracecomm.compressors.shared._exceedance_numba` builds its key test on the
-same helpers.
+`compress` is the generic primitive; `gracecomm.compressors.shared._exceedance_numba` builds
+its key test on the same helpers.
 """
 
 from llvmlite import ir

@@ -1,0 +1,29 @@
+"""The fast tier, ``python -m pytest -m "not slow"``, starts no process: a test that starts
+ranks or subprocesses (multi-rank Gloo runs, the command-line entry points, training runs,
+benchmark scripts) fails unless it is marked ``slow`` (pyproject.toml describes the marker;
+CI runs every test)."""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def fast_tests_start_no_process(request: pytest.FixtureRequest,
+                                monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Outside ``slow`` tests, starting a subprocess or a multiprocessing process fails the
+    test (`pytest.fail`, which no ``except Exception`` swallows)."""
+    if request.node.get_closest_marker("slow") is None:
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            pytest.fail(f"{request.node.nodeid} starts a process but is not marked slow: "
+                        "add @pytest.mark.slow (the fast tier, -m 'not slow', starts none)",
+                        pytrace=False)
+
+        monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+        monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    yield
