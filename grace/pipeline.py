@@ -182,8 +182,8 @@ class Grace(Stateful):
             >>> grace = gracecomm.build({"name": "topk", "ratio": 0.5})
             >>> means = grace.step_many([("w", torch.tensor([1.0, -3.0])),
             ...                          ("b", torch.tensor([0.25, 0.0]))])
-            >>> [m.tolist() for m in means]
-            [[0.0, -3.0], [0.25, 0.0]]
+            >>> torch.cat(means).tolist()  # Top-k kept -3.0 of w and 0.25 of b
+            [0.0, -3.0, 0.25, 0.0]
         """
         means = self.start_many(named).wait()
         self.end_step()
