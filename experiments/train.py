@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
 from gracecomm import Compressor, Grace, GradientExchange, Need, build, register_comm_hook, registry
-from gracecomm.config import check_targets, instantiate
+from gracecomm.config import OPT_IN, check_targets, guard_composition, instantiate, opted_in
 from gracecomm.experiments import checkpoint, rundir
 from gracecomm.experiments.collapse import Collapsed, CollapseWatch
 from gracecomm.experiments.consistency import describe, gather_text, verify_same_on_all_ranks
@@ -84,17 +84,19 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 def compose_config(*overrides: str) -> DictConfig:
-    """The training config with command-line style overrides, composed as the entry point
-    composes it (for tests and scripts)."""
+    """The training config with command-line style overrides, composed and checked as the
+    entry point composes and checks it (for tests and scripts); `overrides` are the
+    caller's own, so ``allow_any_target=true`` among them opens every target."""
     from hydra import compose, initialize_config_dir
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+    with guard_composition(), initialize_config_dir(config_dir=str(CONFIG_DIR),
+                                                    version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)  # `${hydra:...}` values resolve, as in a run
     with open_dict(cfg):
         del cfg["hydra"]
+        cfg[OPT_IN] = opted_in(overrides)
     try:
-        compressor = instantiate(cfg.compressor,
-                                 allow_any_target=bool(cfg.get("allow_any_target", False)))
+        compressor = instantiate(cfg.compressor, allow_any_target=cfg[OPT_IN])
     except (ConfigError, MissingDependency):
         return cfg  # `validate` reports it, as in a run
     resolve_parts(cfg, compressor)
@@ -104,7 +106,7 @@ def compose_config(*overrides: str) -> DictConfig:
 def build_grace(cfg: DictConfig) -> Grace:
     """The pipeline of `cfg`'s compressor, memory and communicator, assembled by
     `gracecomm.build` (``auto`` parts resolved first, `resolve_parts`)."""
-    allow = bool(cfg.get("allow_any_target", False))
+    allow = bool(cfg.get(OPT_IN, False))
     compressor = instantiate(cfg.compressor, allow_any_target=allow)
     resolve_parts(cfg, compressor)
     return build(compressor, instantiate(cfg.memory, allow_any_target=allow),
@@ -115,8 +117,12 @@ def build_grace(cfg: DictConfig) -> Grace:
 def part_config(group: str, name: str) -> DictConfig:
     """The config of the `group` part registered as `name`: its file in ``configs/<group>/``
     (with the trainer values it interpolates), else just its class (a part another package
-    registers)."""
-    path = CONFIG_DIR / group / f"{name}.yaml"
+    registers). A path that leaves the config tree is refused."""
+    where = Path(group, f"{name}.yaml")
+    if where.is_absolute() or ".." in where.parts:
+        raise ConfigError(f"part config {str(where)!r} leaves the config tree; give a group "
+                          f"of configs/ ({', '.join(registry.REGISTRIES)}) and a registered name")
+    path = CONFIG_DIR / where
     if path.exists():
         return OmegaConf.load(path)
     cls = registry.get(group, name)
@@ -152,7 +158,7 @@ def validate(cfg: DictConfig) -> None:
     """Fail before any worker starts: targets, option names, ranges and pairings, the
     logger's set-up and the checkpoint to resume from."""
     check_scale(cfg)  # first: the other options' values interpolate the scale's preset
-    if not cfg.get("allow_any_target", False):
+    if not cfg.get(OPT_IN, False):
         check_targets(cfg)
     check_trainer_options(cfg.trainer)
     t = cfg.trainer
@@ -242,7 +248,7 @@ def check_model_fits_data(cfg: DictConfig) -> None:
         if cfg.model[key] != cfg.data[key]:
             raise ConfigError(f"{what}: option 'model.{key}' is {cfg.model[key]} but "
                               f"'data.{key}' is {cfg.data[key]}; they must be equal")
-    allow = bool(cfg.get("allow_any_target", False))
+    allow = bool(cfg.get(OPT_IN, False))
     data = instantiate(cfg.data, allow_any_target=allow)
     model = instantiate(cfg.model, allow_any_target=allow)
     task = make_task(data.task, data.task_options)
@@ -368,7 +374,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     cfg = OmegaConf.create(cfg_dict)
     if dist.is_initialized():  # under torchrun every rank named its own; rank 0's counts
         run_dir = gather_text(run_dir)[0]
-    allow = bool(cfg.get("allow_any_target", False))
+    allow = bool(cfg.get(OPT_IN, False))
     device = _device(cfg, rank)
     torch.manual_seed(cfg.seed)
     data = instantiate(cfg.data, allow_any_target=allow)
@@ -693,7 +699,7 @@ def _sweep_group() -> str | None:
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
-def main(cfg: DictConfig) -> float | tuple[float, ...]:
+def train_job(cfg: DictConfig) -> float | tuple[float, ...]:
     """Train one configuration; return its `objective` (minimised) to a Hydra sweeper."""
     if launched_externally() and HydraConfig.get().mode == RunMode.MULTIRUN:
         raise ConfigError("a Hydra multirun (-m) cannot run under torchrun: torchrun starts "
@@ -701,8 +707,13 @@ def main(cfg: DictConfig) -> float | tuple[float, ...]:
                           "would run. Sweep without torchrun (local workers: "
                           "trainer.world_size=N, any Hydra launcher), or start one torchrun "
                           "per configuration")
-    compressor = instantiate(cfg.compressor,
-                             allow_any_target=bool(cfg.get("allow_any_target", False)))
+    allow = opted_in(HydraConfig.get().overrides.task)
+    if cfg.get(OPT_IN, False) and not allow:  # `guard_composition` refused it already
+        raise ConfigError(f"a config file sets {OPT_IN}: true; give {OPT_IN}=true on the "
+                          "command line to allow any target")
+    with open_dict(cfg):
+        cfg[OPT_IN] = allow
+    compressor = instantiate(cfg.compressor, allow_any_target=allow)
     resolve_parts(cfg, compressor)
     for line in apply_method_defaults(cfg, given_keys(HydraConfig.get().overrides.task),
                                       compressor):
@@ -739,6 +750,14 @@ def main(cfg: DictConfig) -> float | tuple[float, ...]:
     if summary.get("collapse") and group is None:  # a sweep goes on to its other runs
         raise Collapsed(summary["collapse"]["message"])
     return objective(summary, names)
+
+
+def main() -> Any:
+    """The ``gracecomm-train`` command: Hydra's entry point (`train_job`), with every config
+    Hydra composes checked before any part of it is used (`gracecomm.config.check_composed`:
+    targets, ``hydra.*`` callbacks, logging and environment included)."""
+    with guard_composition():
+        return train_job()
 
 
 if __name__ == "__main__":
