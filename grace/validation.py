@@ -137,11 +137,22 @@ def is_finite(tensor: torch.Tensor, name: str, *, raise_error: bool = False) -> 
 
 
 def nonfinite_error(tensor: torch.Tensor, name: str, why: str, remedy: str) -> NonFiniteError:
-    """The one message for a tensor holding NaN or Inf: which tensor, how many of each, `why`
-    it cannot go on and the `remedy` (an option that handles it)."""
+    """The one message for a tensor whose values a component cannot handle: which tensor,
+    how many NaN and Inf it holds, `why` it cannot go on and the `remedy` (an option that
+    handles it). A tensor with neither (finite values whose sums or squares overflow, such
+    as 1e38 in float32) is said to be finite, with its largest magnitude: it is never blamed
+    on NaN or Inf."""
     n_nan, n_inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
-    return NonFiniteError(f"tensor '{name}' holds {n_nan} NaN and {n_inf} Inf values out of "
-                          f"{tensor.numel()}; {why} ({remedy})")
+    if n_nan or n_inf:
+        return NonFiniteError(f"tensor '{name}' holds {n_nan} NaN and {n_inf} Inf values out "
+                              f"of {tensor.numel()}; {why} ({remedy})")
+    largest = float(tensor.detach().abs().max()) if tensor.numel() else 0.0
+    limit = (f" (largest finite {torch.finfo(tensor.dtype).max:.3e})"
+             if tensor.is_floating_point() else "")
+    return NonFiniteError(f"tensor '{name}' holds no NaN or Inf, but values up to "
+                          f"{largest:.3e} in magnitude, whose sums or squares overflow "
+                          f"{tensor.dtype}{limit}; {why} ({remedy}, or scale the gradients "
+                          "down)")
 
 
 def expect_payload(tensor: torch.Tensor, numel: int, dtype: torch.dtype, what: str) -> None:
