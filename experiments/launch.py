@@ -9,10 +9,10 @@ Every wait is bounded and every failure is named within seconds:
 - `spawn` stops every worker as soon as one fails and raises the *first* failure: an error
   raised by a rank's own code before a peer's lost connection, and a rank that died
   silently before the peers that lost it (a rank that exits with code 0 before its work is
-  done, e.g. through ``os._exit(0)``, died silently too: a finished rank says so); when a rank times out in a collective while
-  another rank is alive and silent, the silent rank is named as the hung one, and the
-  Python stacks of every rank still running (hung, or past `spawn`'s own deadline) are
-  shown, so the error says where it waited;
+  done, e.g. through ``os._exit(0)``, died silently too: a finished rank says so); when a
+  rank times out in a collective while another rank is alive and silent, the silent rank
+  is named as the hung one, and the Python stacks of every rank still running (hung, or
+  past `spawn`'s own deadline) are shown, so the error says where it waited;
 - workers end with their launcher: they exit on SIGINT even while blocked in a collective,
   and within a fraction of a second after the launcher dies (SIGTERM, SIGKILL);
 - process groups are created with a collective timeout, so a hung peer ends the run after

@@ -108,19 +108,39 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return not nonfinite_among([tensor])
 
 
+SUMMED_TOGETHER = 1 << 16  # tensors below this many elements are summed in one call
+
+
 def nonfinite_among(tensors: Sequence[torch.Tensor]) -> list[int]:
     """The positions of the `tensors` that hold NaN or Inf. Their sums decide in the usual
     case, since a NaN or Inf makes a sum non-finite (one read each, where
     ``isfinite().all()`` costs about 40 on the CPU, and one host synchronisation for all);
-    only a tensor whose sum is not finite, which finite values can reach by overflowing, has
-    its elements checked."""
+    small tensors of one dtype are summed together in one call (a payload's fields: one
+    call instead of one per field), large ones alone. Only a sum that is not finite, which
+    finite values can reach by overflowing, has its tensors' elements checked."""
     if not tensors:
         return []
-    sums = torch.stack([t.sum(dtype=torch.float32) for t in tensors])
-    if bool(torch.isfinite(sums).all()):
+    batches: list[list[int]] = []
+    small: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.numel() >= SUMMED_TOGETHER:
+            batches.append([i])
+            continue
+        group = small.setdefault(t.dtype, [])
+        group.append(i)
+        if len(group) == 64:  # at most 4M elements copied for one call
+            batches.append(small.pop(t.dtype))
+    batches += small.values()
+    sums = torch.stack([
+        tensors[b[0]].sum(dtype=torch.float32) if len(b) == 1 else
+        torch.cat([tensors[i] if tensors[i].dim() == 1 else tensors[i].reshape(-1)
+                   for i in b]).sum(dtype=torch.float32)
+        for b in batches])
+    finite = torch.isfinite(sums)
+    if bool(finite.all()):
         return []
-    return [i for i in torch.nonzero(~torch.isfinite(sums)).view(-1).tolist()
-            if not bool(torch.isfinite(tensors[i]).all())]
+    suspects = sorted(i for b, ok in zip(batches, finite.tolist()) if not ok for i in b)
+    return [i for i in suspects if not bool(torch.isfinite(tensors[i]).all())]
 
 
 def is_finite(tensor: torch.Tensor, name: str, *, raise_error: bool = False) -> bool:

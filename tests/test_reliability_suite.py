@@ -10,7 +10,7 @@ import pytest
 from gracecomm.experiments.reliability import CASES, Case
 
 TIMED = {"failing_rank_is_named_within_seconds", "killed_rank_is_named_within_seconds",
-         "hung_rank_is_named_after_the_collective_timeout"}
+         "hung_rank_is_named_after_the_collective_timeout", "rank_exiting_with_code_0_is_named"}
 CHOSEN = [c for c in CASES if not c.slow or c.name in TIMED]
 
 

@@ -137,8 +137,8 @@ def test_hydra_launcher_and_sweeper_targets_are_checked():
 
 def test_logging_factories_from_a_config_are_refused(tmp_path):
     (tmp_path / "memory").mkdir()
-    for i, node in enumerate(['formatters: {evil: {"()": %s, command: "touch x"}}' % HELPER,
-                              "handlers: {file: {class: %s}}" % HELPER,
+    for i, node in enumerate(['formatters: {evil: {"()": ' + HELPER + ', command: "touch x"}}',
+                              "handlers: {file: {class: " + HELPER + "}}",
                               "handlers: {console: {stream: ext://os.system}}"]):
         (tmp_path / "memory" / f"evil{i}.yaml").write_text(
             "# @package _global_\nmemory: {_target_: gracecomm.memories.none.NoneMemory}\n"
