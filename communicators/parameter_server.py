@@ -109,7 +109,7 @@ class ParameterServer(Communicator):
             link.any_nonfinite = True
             return []
         if not master:
-            self.check_downlink(link, n_meta, n_buf)
+            self.check_downlink(link, status, n_meta, n_buf)
             meta = torch.empty(n_meta, dtype=torch.int64)
             buf = torch.empty(n_buf, dtype=torch.uint8)
         meta, buf = meta.to(device), buf.to(device)
@@ -163,8 +163,13 @@ class ParameterServer(Communicator):
         assert self.compressor is not None
         return TensorInfo.of(self.compressor.decompress(payload, ctx))
 
-    def check_downlink(self, link: Link, n_meta: int, n_buf: int) -> None:
-        """Bound what the master announces before allocating it (`Link.max_nbytes`)."""
+    def check_downlink(self, link: Link, status: int, n_meta: int, n_buf: int) -> None:
+        """Check the status and bound the sizes the master announces before allocating them
+        (`Link.max_nbytes`)."""
+        if status not in (0, 1):  # NONFINITE returned before
+            raise PayloadError(f"{self.label}: the master (rank {self.master_rank}) announced "
+                               f"status {status}; allowed: 0 (a result), 1 (its error), "
+                               f"{NONFINITE} (a non-finite step)")
         limit = link.max_nbytes
         if min(n_meta, n_buf) < 0 or (limit is not None and max(8 * n_meta, n_buf) > limit):
             raise PayloadError(f"{self.label}: the master (rank {self.master_rank}) announced a "

@@ -58,3 +58,14 @@ def test_a_downlink_buffer_of_another_length_is_a_payload_error():
     for bad in (buf[:-4], torch.cat([buf, buf[:4]])):
         with pytest.raises(gracecomm.PayloadError, match="bytes"):
             unpack_described(meta, bad)
+
+
+def test_a_downlink_status_out_of_range_is_a_payload_error():
+    from gracecomm.communicators.parameter_server import ParameterServer
+    from gracecomm.exchange import Link
+    server = ParameterServer()
+    link = Link(server, None)
+    server.check_downlink(link, 0, 3, 8)
+    for status in (-1, 3, 7):
+        with pytest.raises(gracecomm.PayloadError, match=f"status {status}"):
+            server.check_downlink(link, status, 3, 8)
