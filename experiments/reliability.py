@@ -856,7 +856,8 @@ def _train_here(tmp: Path, name: str, *overrides: str) -> Path:
     from gracecomm.experiments.train import validate as check
     cfg = compose_config(*_ONE_RANK, *overrides)
     check(cfg)
-    train_worker(0, 1, OmegaConf.to_container(cfg, resolve=True), str(tmp / name), None)
+    with contextlib.redirect_stdout(io.StringIO()):  # its summary: the case prints one line
+        train_worker(0, 1, OmegaConf.to_container(cfg, resolve=True), str(tmp / name), None)
     return tmp / name
 
 
