@@ -26,7 +26,7 @@ def padded_payloads(comm: Communicator, link: Link, items: Sequence[Item],
     nbytes = [sum(rank_sizes) for rank_sizes in sizes]
     width = max(1, max(nbytes) + comm.trailer_nbytes(link))
     buf = torch.zeros(width, dtype=torch.uint8, device=device)
-    own = comm.serialise(link, local, device)
+    own = comm.serialise(link, local, device, nbytes[comm.rank])
     buf[:own.numel()] = own
     comm.count(payload_nbytes(local), width)
     return buf, sizes, nbytes

@@ -3,16 +3,16 @@ Only valid for `summable` compressors (dense, fp16, shared-seed Random-k, PowerS
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import torch
 
 from gracecomm.communicator import Communicator, Item, payload_device
-from gracecomm.compressor import Compressor
-from gracecomm.exchange import Link, Rounds
+from gracecomm.compressor import Compressor, Payload
+from gracecomm.exchange import Link, Rounds, Works
 from gracecomm.registry import COMMUNICATORS
-from gracecomm.validation import ConfigError, IncompatibleError
+from gracecomm.validation import ConfigError, IncompatibleError, PayloadError, nonfinite_among
 from gracecomm.wire import payload_nbytes
 
 
@@ -62,7 +62,8 @@ class Allreduce(Communicator):
         self.metrics.add("sent_bytes", 4 * len(status))
         reduced = list(tensors)
         if world > 1:  # every rank's sizes must match before they are summed
-            yield from self.size_round(link, items, payload_device(items))
+            every = yield from self.size_round(link, items, payload_device(items))
+            self.check_equal_sizes(items, every)
             flats = []
             for dtype in dict.fromkeys(t.dtype for t in tensors):
                 where = [i for i, t in enumerate(tensors) if t.dtype == dtype]
@@ -75,13 +76,56 @@ class Allreduce(Communicator):
         if status and bool(reduced[-1] > 0):
             link.any_nonfinite = True
             return []
+        try:  # the integrity check, of the sum: a NaN or Inf from any rank reaches it
+            self.check_fields(items, [self.split(items, reduced)])
+        except PayloadError:
+            yield from self.name_nonfinite(items, link)
         assert self.compressor is not None, "communicator used before bind()"
-        outs, pos = [], 0
+        outs = []
         with self.metrics.timer("decompress_s"):
-            for payload, ctx, _ in items:
-                total = tuple(reduced[pos:pos + len(payload)])
-                pos += len(payload)
+            for (_, ctx, _), total in zip(items, self.split(items, reduced)):
                 out = self.compressor.decompress(total, ctx)
                 summed = world > 1 and not all(t.is_floating_point() for t in total)
                 outs.append(out.div_(world) if summed else out)
         return outs
+
+    @staticmethod
+    def split(items: Sequence[Item], reduced: Sequence[torch.Tensor]) -> list[Payload]:
+        """The summed tensors as one payload per item."""
+        out, pos = [], 0
+        for payload, _, _ in items:
+            out.append(tuple(reduced[pos:pos + len(payload)]))
+            pos += len(payload)
+        return out
+
+    def check_equal_sizes(self, items: Sequence[Item], every: list[list[int]]) -> None:
+        """Every rank must announce this rank's payload sizes: the sum is element-wise, and a
+        collective whose sizes differ between ranks aborts the process inside the backend."""
+        mine = [t.numel() * t.element_size() for t in self.flatten(items)]
+        for owner, announced in enumerate(every):
+            if announced != mine:
+                raise PayloadError(
+                    f"{self.label}: rank {owner} announced payload sizes {announced} bytes "
+                    f"for tensors {[name for _, _, name in items][:3]}, this rank's payload "
+                    f"has {mine}; an allreduce sums payloads of equal sizes")
+
+    def name_nonfinite(self, items: Sequence[Item], link: Link) -> Generator[Works, None, None]:
+        """The summed payload holds NaN or Inf though no rank's input did (the status says
+        so, or the pipeline raised on it): one more round, on this failure path only, asks
+        every rank whether its own payload was finite, and `PayloadError` names those that
+        were not. Every rank sees the same sum, so every rank takes this path."""
+        local = [t for t in self.flatten(items) if t.is_floating_point() and t.numel()]
+        flag = torch.tensor([int(bool(nonfinite_among(local)))], dtype=torch.int64,
+                            device=payload_device(items))
+        flags = [flag]
+        if self.world_size > 1:
+            flags, work = link.all_gather(flag)
+            yield (work,)
+        bad = [r for r, f in enumerate(flags) if int(f)]
+        names = [name for _, _, name in items][:3]
+        raise PayloadError(
+            f"{self.label}: the summed payload of tensors {names} holds NaN or Inf, though "
+            "every rank's input was finite: " + (
+                f"the payload from rank {', '.join(map(str, bad))} held them (corrupted on the "
+                "way into it or by its compressor)" if bad else
+                "every rank's own payload was finite, so it was corrupted on the way"))

@@ -29,7 +29,7 @@ class Broadcast(Communicator):
         device = payload_device(items)
         sizes = yield from self.size_round(link, items, device)
         nbytes = [sum(rank_sizes) for rank_sizes in sizes]
-        bufs = [self.serialise(link, local, device) if r == self.rank else
+        bufs = [self.serialise(link, local, device, nbytes[r]) if r == self.rank else
                 torch.empty(nbytes[r] + trailer, dtype=torch.uint8, device=device)
                 for r in range(self.world_size)]
         yield [link.broadcast(buf, r) for r, buf in enumerate(bufs) if buf.numel()]

@@ -23,7 +23,13 @@ from gracecomm.compressor import Compressor, Payload, TensorInfo
 from gracecomm.exchange import Link, Rounds, Works
 from gracecomm.pipeline import make_part
 from gracecomm.registry import COMMUNICATORS, COMPRESSORS
-from gracecomm.validation import ConfigError, IncompatibleError, PayloadError, check_range
+from gracecomm.validation import (
+    ConfigError,
+    IncompatibleError,
+    PayloadError,
+    check_range,
+    expect_payload,
+)
 from gracecomm.wire import pack_described, payload_nbytes, unpack_described
 
 NONFINITE = 2  # the status the master broadcasts when a rank's input was non-finite
@@ -103,7 +109,7 @@ class ParameterServer(Communicator):
             link.any_nonfinite = True
             return []
         if not master:
-            self.check_downlink(link, n_meta, n_buf)
+            self.check_downlink(link, status, n_meta, n_buf)
             meta = torch.empty(n_meta, dtype=torch.int64)
             buf = torch.empty(n_buf, dtype=torch.uint8)
         meta, buf = meta.to(device), buf.to(device)
@@ -117,17 +123,53 @@ class ParameterServer(Communicator):
             raise PayloadError(f"{self.label}: the aggregate from the master (rank "
                                f"{self.master_rank}) fails its CRC-32 checksum: it was "
                                "corrupted on the way")
+        master_label = f"the master (rank {self.master_rank})"
         try:
             results = unpack(meta.cpu(), buf)
-        except (IndexError, StopIteration, RuntimeError, ValueError) as err:
-            raise PayloadError(f"{self.label}: the aggregate from the master (rank "
-                               f"{self.master_rank}) is malformed: {err}") from None
+            self.check_results(items, results)
+        except PayloadError as err:
+            raise PayloadError(f"{self.label}: the aggregate from {master_label} is malformed: "
+                               f"{err}") from None
+        self.check_fields(items, [[p for _, p in results]], [master_label])
         self.metrics.add("downlink_bytes", sum(payload_nbytes(p) for _, p in results))
         with self.metrics.timer("decompress_s"):
-            return [self.decode(info, payload) for info, payload in results]
+            means = [self.decode(info, payload) for info, payload in results]
+        for (_, _, name), (info, _), mean in zip(items, results, means):
+            if mean.dtype != info.dtype or mean.shape != info.shape:
+                raise PayloadError(f"{self.label}: the aggregate of tensor '{name}' from "
+                                   f"{master_label} decodes to a {mean.dtype} tensor of shape "
+                                   f"{tuple(mean.shape)}, not {info.dtype} {tuple(info.shape)}")
+        return means
 
-    def check_downlink(self, link: Link, n_meta: int, n_buf: int) -> None:
-        """Bound what the master announces before allocating it (`Link.max_nbytes`)."""
+    def check_results(self, items: Sequence[Item],
+                      results: Sequence[tuple[TensorInfo, Payload]]) -> None:
+        """The downlink describes one result per item, of the shape and dtype this rank's
+        own item has (`result_info`), so no header can make a rank return another."""
+        if len(results) != len(items):
+            raise PayloadError(f"it holds {len(results)} results for {len(items)} tensors")
+        for (payload, ctx, name), (info, _) in zip(items, results):
+            expected = self.result_info(payload, ctx)
+            if info != expected:
+                raise PayloadError(f"tensor '{name}' is described as {info.dtype} of shape "
+                                   f"{tuple(info.shape)}; it is {expected.dtype} of shape "
+                                   f"{tuple(expected.shape)}")
+
+    def result_info(self, payload: Payload, ctx: Any) -> TensorInfo:
+        """The shape and dtype of the dense tensor of this rank's item: its ctx's where the
+        ctx says (a `TensorInfo`, or a ctx with an ``info``), else its decompression's."""
+        for info in (ctx, getattr(ctx, "info", None)):
+            if isinstance(info, TensorInfo):
+                return info
+        assert self.compressor is not None
+        return TensorInfo.of(self.compressor.decompress(payload, ctx))
+
+    def check_downlink(self, link: Link, status: int, n_meta: int, n_buf: int) -> None:
+        """Check the status and bound the sizes the master announces before allocating them
+        (`Link.max_nbytes`)."""
+        if status not in (0, 1):  # NONFINITE returned before
+            raise PayloadError(f"{self.label}: the master (rank {self.master_rank}) announced "
+                               f"status {status}; allowed: 0 (a result), 1 (its error), "
+                               f"{NONFINITE} (a non-finite step)")
         limit = link.max_nbytes
         if min(n_meta, n_buf) < 0 or (limit is not None and max(8 * n_meta, n_buf) > limit):
             raise PayloadError(f"{self.label}: the master (rank {self.master_rank}) announced a "
@@ -171,6 +213,9 @@ class ParameterServer(Communicator):
 
     def decode(self, info: TensorInfo, payload: Payload) -> torch.Tensor:
         if self.downlink is None:
+            if len(payload) != 1:
+                raise PayloadError(f"a dense aggregate arrived as {len(payload)} tensors")
+            expect_payload(payload[0], info.numel, info.dtype, "a dense aggregate")
             return payload[0].view(info.shape)
         return self.downlink.decompress(payload, info)
 

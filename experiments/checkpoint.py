@@ -11,8 +11,14 @@ exchange the step, size and SHA-256 of their files, and only then is the manifes
 (again atomically) and the files of older steps removed. A run killed at any moment leaves
 the previous complete checkpoint intact; a file that does not match the manifest (torn,
 truncated, hand-edited, from another step) is refused, naming the rank, as is a directory
-whose ranks disagree. Files are read with ``torch.load(..., weights_only=True)``: only
-tensors and plain Python values, nothing is unpickled as arbitrary objects.
+whose ranks disagree, and so is a manifest that is not what this module writes (every
+field is checked before it is used). Files are read with ``torch.load(...,
+weights_only=True)``: only tensors and plain Python values, nothing is unpickled as arbitrary
+objects. A write that fails (a full disk) leaves no temporary or unlisted file behind.
+
+The manifest also records the run's settings (`settings`: everything that decides what the
+next step computes), so that a resumed run can be refused when it would compute other steps
+(`compare_settings`).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import torch.distributed as dist
 
 from gracecomm.validation import ConfigError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the manifest records the run's settings
 MANIFEST = "manifest.json"
 
 
@@ -89,13 +95,22 @@ def file_name(rank: int, step: int) -> str:
 
 def _write_atomically(path: Path, data: bytes) -> None:
     """Write `data` to a temporary file next to `path`, flush it to disk, then rename it
-    over `path`: a reader sees the old file or the whole new one, never a torn one."""
+    over `path`: a reader sees the old file or the whole new one, never a torn one. If any
+    of it fails (a full disk), the temporary file is removed and the error names `path`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise OSError(err.errno, f"checkpoint: writing {path} ({len(data)} bytes) failed: "
+                                     f"{err.strerror or err}; the last complete checkpoint "
+                                     f"in {path.parent} is intact") from err
+        raise
 
 
 def _entries(step: int, size: int, digest: str) -> list[tuple[int, int, str]]:
@@ -111,10 +126,13 @@ def _entries(step: int, size: int, digest: str) -> list[tuple[int, int, str]]:
 def save(directory: str | os.PathLike[str], rank: int, world_size: int, position: Position,
          model: torch.nn.Module, optimizer: torch.optim.Optimizer, grace_state: dict[str, Any],
          totals: dict[str, float], fingerprint: str,
-         logger_state: dict[str, Any] | None = None) -> Path:
+         logger_state: dict[str, Any] | None = None,
+         settings: dict[str, Any] | None = None) -> Path:
     """Write this rank's checkpoint, then (once every rank has written its own) the manifest.
     Every rank must call this at the same step (it is one collective). `logger_state` is
-    what the metrics logger needs to continue (rank 0's W&B run id)."""
+    what the metrics logger needs to continue (rank 0's W&B run id); `settings` (plain
+    values by dotted name) are recorded in the manifest. If it fails, this rank's new file
+    is removed unless a manifest already names it."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     state = {
@@ -128,20 +146,34 @@ def save(directory: str | os.PathLike[str], rank: int, world_size: int, position
     torch.save(state, buffer)
     data = buffer.getvalue()
     target = folder / file_name(rank, position.step)
+    listed = _listed_step(folder) == position.step  # saved at this step before (resumed)
     _write_atomically(target, data)
-    entries = _entries(position.step, len(data), hashlib.sha256(data).hexdigest())
-    if len({step for step, _, _ in entries}) > 1:
-        raise RuntimeError(f"ranks saved checkpoints at different steps: "
-                           f"{[step for step, _, _ in entries]}")
-    manifest = {"version": FORMAT_VERSION, "step": position.step, "world_size": world_size,
-                "fingerprint": fingerprint,
-                "ranks": [{"file": file_name(r, step), "bytes": size, "sha256": digest}
-                          for r, (step, size, digest) in enumerate(entries)]}
-    _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+    try:
+        entries = _entries(position.step, len(data), hashlib.sha256(data).hexdigest())
+        if len({step for step, _, _ in entries}) > 1:
+            raise RuntimeError(f"ranks saved checkpoints at different steps: "
+                               f"{[step for step, _, _ in entries]}")
+        manifest = {"version": FORMAT_VERSION, "step": position.step, "world_size": world_size,
+                    "fingerprint": fingerprint, "settings": dict(settings or {}),
+                    "ranks": [{"file": file_name(r, step), "bytes": size, "sha256": digest}
+                              for r, (step, size, digest) in enumerate(entries)]}
+        _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+    except BaseException:
+        if not listed and _listed_step(folder) != position.step:
+            target.unlink(missing_ok=True)  # no manifest names it: nothing would read it
+        raise
     for old in folder.glob(f"rank{rank}-step*.pt"):
         if old != target:
             old.unlink(missing_ok=True)
     return target
+
+
+def _listed_step(folder: Path) -> int | None:
+    """The step of `folder`'s manifest, if it has a readable one."""
+    try:
+        return int(json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _sha256(path: Path) -> str:
@@ -166,20 +198,25 @@ def manifest(directory: str | os.PathLike[str], world_size: int,
                           "its first checkpoint was complete)") from None
     try:
         found = json.loads(text)
-        step, entries = int(found["step"]), list(found["ranks"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"{where}, whose {MANIFEST} cannot be read ({err})") from None
-    if found.get("version") != FORMAT_VERSION:
-        raise ConfigError(f"{where}, written in checkpoint format {found.get('version')}; "
-                          f"this code reads format {FORMAT_VERSION}")
-    if found.get("world_size") != world_size or len(entries) != world_size:
-        raise ConfigError(f"{where}, written by {found.get('world_size')} ranks; this run "
-                          f"has {world_size}")
+    except ValueError as err:
+        raise ConfigError(f"{where}, whose {MANIFEST} is not JSON ({err})") from None
+    version = found.get("version") if isinstance(found, dict) else None
+    if isinstance(found, dict) and version != FORMAT_VERSION:
+        raise ConfigError(f"{where}, written in checkpoint format {version}; this code reads "
+                          f"format {FORMAT_VERSION} (which records the run's settings): "
+                          "resume it with the version that wrote it, or start a new run")
+    _check_fields(found, where)
+    step, entries = found["step"], found["ranks"]
+    if found["world_size"] != world_size or len(entries) != world_size:
+        raise ConfigError(f"{where}, written by {found['world_size']} ranks; this run has "
+                          f"{world_size}: each rank's state is a file of its own, so resume "
+                          f"with trainer.world_size={found['world_size']} (torchrun: "
+                          f"--nproc_per_node), or start a new run")
     for rank in range(world_size) if ranks is None else ranks:
         entry = entries[rank]
-        if entry.get("file") != file_name(rank, step):
+        if entry["file"] != file_name(rank, step):
             raise ConfigError(f"{where}: its {MANIFEST} (step {step}) names file "
-                              f"{entry.get('file')!r} for rank {rank}")
+                              f"{entry['file']!r} for rank {rank}")
         path = folder / entry["file"]
         if not path.exists():
             others = sorted(p.name for p in folder.glob(f"rank{rank}-step*.pt"))
@@ -187,17 +224,51 @@ def manifest(directory: str | os.PathLike[str], world_size: int,
                               f"({entry['file']}) is missing (rank {rank} has "
                               f"{', '.join(others) or 'no file'}); the ranks disagree")
         size = path.stat().st_size
-        if size != entry.get("bytes") or _sha256(path) != entry.get("sha256"):
+        if size != entry["bytes"] or _sha256(path) != entry["sha256"]:
             raise ConfigError(f"{where}: rank {rank}'s file {entry['file']} ({size} bytes) "
-                              f"is not the one its {MANIFEST} recorded ({entry.get('bytes')} "
+                              f"is not the one its {MANIFEST} recorded ({entry['bytes']} "
                               "bytes, SHA-256 differs): it was truncated, edited or replaced")
     return found
+
+
+# What a manifest holds: field -> (what it must be, check)
+_FIELDS: dict[str, tuple[str, Any]] = {
+    "step": ("an integer >= 0", lambda v: _integer(v) and v >= 0),
+    "world_size": ("an integer >= 1", lambda v: _integer(v) and v >= 1),
+    "fingerprint": ("a string", lambda v: isinstance(v, str)),
+    "settings": ("an object of settings", lambda v: isinstance(v, dict)),
+    "ranks": ("a list of objects with file, bytes and sha256",
+              lambda v: isinstance(v, list) and all(_entry(e) for e in v)),
+}
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _entry(entry: Any) -> bool:
+    return (isinstance(entry, dict) and isinstance(entry.get("file"), str)
+            and _integer(entry.get("bytes")) and entry["bytes"] >= 0
+            and isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64)
+
+
+def _check_fields(found: Any, where: str) -> None:
+    """`ConfigError` naming the first field of a manifest that is missing or malformed."""
+    if not isinstance(found, dict):
+        raise ConfigError(f"{where}, whose {MANIFEST} is malformed: it holds a "
+                          f"{type(found).__name__}, not an object")
+    for field, (what, ok) in _FIELDS.items():
+        if field not in found or not ok(found[field]):
+            got = repr(found.get(field, "nothing"))[:80]
+            raise ConfigError(f"{where}, whose {MANIFEST} is malformed: '{field}' must be "
+                              f"{what}, got {got}; it was edited or not written by gracecomm")
 
 
 def load(directory: str | os.PathLike[str], rank: int, world_size: int,
          fingerprint: str) -> dict[str, Any]:
     """Read this rank's file of the manifest's step, refusing one written by another
-    set-up or that does not match the manifest."""
+    set-up or that does not match the manifest; the run's settings recorded in the manifest
+    are under ``settings``."""
     found = manifest(directory, world_size, [rank])
     source = Path(directory) / found["ranks"][rank]["file"]
     try:
@@ -214,6 +285,7 @@ def load(directory: str | os.PathLike[str], rank: int, world_size: int,
     if state["fingerprint"] != fingerprint or found.get("fingerprint") != fingerprint:
         raise ConfigError(f"checkpoint {source} was written with a different compressor, "
                           "memory, communicator or model set-up; resume with the same config")
+    state["settings"] = found["settings"]
     return state
 
 

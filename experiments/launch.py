@@ -8,10 +8,11 @@ Every wait is bounded and every failure is named within seconds:
   waiting for its peers, so a peer blocked in a collective cannot hide the error;
 - `spawn` stops every worker as soon as one fails and raises the *first* failure: an error
   raised by a rank's own code before a peer's lost connection, and a rank that died
-  silently before the peers that lost it; when a rank times out in a collective while
-  another rank is alive and silent, the silent rank is named as the hung one, and the
-  Python stacks of every rank still running (hung, or past `spawn`'s own deadline) are
-  shown, so the error says where it waited;
+  silently before the peers that lost it (a rank that exits with code 0 before its work is
+  done, e.g. through ``os._exit(0)``, died silently too: a finished rank says so); when a
+  rank times out in a collective while another rank is alive and silent, the silent rank
+  is named as the hung one, and the Python stacks of every rank still running (hung, or
+  past `spawn`'s own deadline) are shown, so the error says where it waited;
 - workers end with their launcher: they exit on SIGINT even while blocked in a collective,
   and within a fraction of a second after the launcher dies (SIGTERM, SIGKILL);
 - process groups are created with a collective timeout, so a hung peer ends the run after
@@ -182,6 +183,14 @@ def failure_kind(err: BaseException) -> str:
 
 
 @dataclass
+class _Done:
+    """What a rank tells its launcher after its work and the final barrier: a worker that
+    exits with code 0 without saying so ended early (``os._exit(0)`` in user code)."""
+
+    rank: int
+
+
+@dataclass
 class _Report:
     """What a failed rank tells its launcher (sent through a pipe, plain values only)."""
 
@@ -215,6 +224,8 @@ def run_rank(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any
             _record_for_torchrun(err)
         exit_now(1)
     finish_process_group()
+    if report is not None:
+        report.send(_Done(rank))
     exit_now()
 
 
@@ -344,6 +355,7 @@ def _watch(procs: list[Any], readers: list[Connection],
     failure seen (reports, and (rank, exit code) of ranks that died without one)."""
     failures: list[_Report | tuple[int, int]] = []
     reported: set[int] = set()
+    done: set[int] = set()
     open_readers = list(readers)
     settle_until = None
     while True:
@@ -363,12 +375,15 @@ def _watch(procs: list[Any], readers: list[Connection],
             except (EOFError, OSError):  # the worker exited; nothing (more) to say
                 open_readers.remove(reader)
                 continue
+            if isinstance(report, _Done):
+                done.add(report.rank)
+                continue
             failures.append(report)
             reported.add(report.rank)
         for rank, proc in enumerate(procs):
             if proc.sentinel in ready:
                 proc.join()
-                if proc.exitcode != 0 and rank not in reported:
+                if rank not in reported and (proc.exitcode != 0 or rank not in done):
                     failures.append((rank, proc.exitcode))
                     reported.add(rank)
         if failures and settle_until is None:
@@ -393,7 +408,9 @@ def _describe(failures: list[_Report | tuple[int, int]], procs: list[Any],
     if silent:
         rank, code = silent[0]
         how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
-               else f"exited with code {code}")
+               else f"exited with code {code}" + (" before its work was done (os._exit or a "
+                                                  "library that ends the process)"
+                                                  if code == 0 else ""))
         return (f"worker rank {rank} of {world_size} {how} without reporting an error; "
                 "the other workers were stopped"), False
     f = lost[0]

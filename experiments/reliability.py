@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from gracecomm.validation import ConfigError
+
 CaseFn = Callable[[Path], str]
 FAULT_S = 5.0  # the target: a failure reaches the user, named, within this many seconds
 ESCAPES = ("gracecomm.experiments.checkpoint.torch.load", "torch.nn.modules.module.torch.load",
@@ -315,6 +317,140 @@ def bad_logger_fails_before_workers(tmp: Path) -> str:
     return f"refused in {took:.1f} s (process start included)"
 
 
+HELPER = "gracecomm.experiments.netbench._run"  # a package function that runs a command
+
+
+def _touch_spec(marker: Path) -> dict[str, Any]:
+    return {"_target_": HELPER, "_args_": ["touch", str(marker)]}
+
+
+@case("config")
+def a_package_function_is_not_a_target(tmp: Path) -> str:
+    from gracecomm import build
+    marker = tmp / "MARKER"
+    (tmp / "compressor").mkdir()
+    (tmp / "compressor" / "evil.yaml").write_text(
+        f"_target_: {HELPER}\n_args_: [touch, {marker}]\n")
+    overrides = [[f"compressor._target_={HELPER}", f"+compressor._args_=[touch,{marker}]"],
+                 ["compressor=deepreduce", f"compressor.sparsifier._target_={HELPER}",
+                  f"+compressor.sparsifier._args_=[touch,{marker}]"],
+                 [f"hydra.searchpath=[file://{tmp}]", "compressor=evil"]]
+    for given in overrides:  # compose_config: as the command line composes
+        refused(lambda g=given: validate(*g), HELPER, "may be instantiated")
+    spec = _touch_spec(marker)
+    calls = [lambda: build(spec), lambda: build("topk", memory=spec),
+             lambda: build("topk", communicator=spec),
+             lambda: build({"name": "deepreduce", "sparsifier": spec}),
+             lambda: build({"name": "compose", "compressors": ["topk", spec]})]
+    for call in calls:
+        refused(call, HELPER, "may be instantiated")
+    expect(not marker.exists(), "a package function ran")
+    return f"{len(overrides) + len(calls)} ways refused (overrides, nested, search path, build)"
+
+
+@case("config")
+def loaders_and_instantiate_are_not_targets(tmp: Path) -> str:
+    from gracecomm import build
+    from gracecomm.config import instantiate
+    from gracecomm.experiments.train import part_config
+    marker = tmp / "MARKER"
+    (tmp / "side_effect_module.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (tmp / "evil.yaml").write_text(f"_target_: {HELPER}\n_args_: [touch, {marker}]\n")
+    sys.path.insert(0, str(tmp))
+    try:
+        for name in ("gracecomm.config.resolve_target", "gracecomm.config.check_target"):
+            refused(lambda n=name: build({"_target_": n, "target": "side_effect_module.x"}),
+                    "may be instantiated")
+        loader = {"_target_": "gracecomm.experiments.train.part_config",
+                  "group": f"../../../../../../../..{tmp}", "name": "evil"}
+        refused(lambda: build({"_target_": "gracecomm.config.instantiate", "cfg": loader,
+                               "allow_any_target": True}), "gracecomm.config.instantiate")
+        refused(lambda: instantiate(loader), "part_config")
+        refused(lambda: part_config(loader["group"], "evil"), "leaves the config tree")
+    finally:
+        sys.path.remove(str(tmp))
+    expect(not marker.exists(), "a loader or an import ran the attacker's code")
+    return "resolve_target, check_target, instantiate and part_config refused; nothing imported"
+
+
+@case("config")
+def hydra_nodes_are_checked_before_they_run(tmp: Path) -> str:
+    from gracecomm.experiments.train import compose_config
+    (tmp / "memory").mkdir()
+    logging = ['formatters: {evil: {"()": ' + HELPER + ', command: "touch x"}}',
+               "handlers: {file: {class: " + HELPER + "}}",
+               "handlers: {console: {stream: ext://os.system}}"]
+    for i, node in enumerate(logging):
+        (tmp / "memory" / f"log{i}.yaml").write_text(
+            "# @package _global_\nmemory: {_target_: gracecomm.memories.none.NoneMemory}\n"
+            f"hydra:\n  job_logging:\n    {node}\n")
+    tried = [(["+hydra.callbacks.x._target_=builtins.print"], "hydra.callbacks.x"),
+             ([f"hydra.launcher._target_={HELPER}"], "hydra.launcher"),
+             ([f"hydra.sweeper._target_={HELPER}"], "hydra.sweeper"),
+             (["+hydra.job.env_set.PYTHONPATH=/tmp"], "env_set"),
+             (["+hydra.job.env_set.LD_PRELOAD=/tmp/x.so"], "env_set"),
+             *(([f"hydra.searchpath=[file://{tmp}]", f"memory=log{i}"], "hydra.job_logging")
+               for i in range(len(logging)))]
+    for overrides, word in tried:
+        refused(lambda o=overrides: compose_config(*o), word)
+    compose_config("hydra/launcher=joblib", "+hydra.job.env_set.OMP_NUM_THREADS=1")
+    return f"{len(tried)} hydra.* nodes refused at composition; an installed launcher allowed"
+
+
+@case("config")
+def group_choices_stay_in_the_config_tree(tmp: Path) -> str:
+    marker = tmp / "MARKER"
+    (tmp / "evil.yaml").write_text(f"_target_: {HELPER}\n_args_: [touch, {marker}]\n")
+    group = Path(__file__).resolve().parent.parent / "configs" / "compressor"
+    up = "../" * len(group.parts[1:]) + str(tmp)[1:] + "/evil"
+    refused(lambda: validate(f"compressor={up}"), "leaves the config tree")
+    refused(lambda: validate("compressor=deepreduce", "compressor/sparsifier=../topk"),
+            "leaves the config tree")
+    expect(not marker.exists(), "a config outside the tree ran")
+    return "choices with '..' refused (one reached a YAML outside the tree before)"
+
+
+@case("config")
+def allow_any_target_comes_only_from_the_command_line(tmp: Path) -> str:
+    from omegaconf import OmegaConf
+
+    from gracecomm.config import check_composed, instantiate
+    from gracecomm.experiments.train import compose_config
+    (tmp / "experiment").mkdir()
+    (tmp / "experiment" / "open.yaml").write_text("# @package _global_\nallow_any_target: true\n")
+    refused(lambda: compose_config(f"hydra.searchpath=[file://{tmp}]", "+experiment=open"),
+            "a config file sets allow_any_target", "command line")
+    sweep = OmegaConf.create({"hydra": {"sweeper": {"params": {"allow_any_target": "true"}}}})
+    refused(lambda: check_composed(sweep, []), "sweeps allow_any_target")
+    cfg = compose_config("allow_any_target=true")
+    expect(instantiate({"_target_": "collections.OrderedDict"},
+                       allow_any_target=cfg.allow_any_target) == {}, "the opt-in failed")
+    return "a config file and a sweeper refused; the command line opts in"
+
+
+@case("config", slow=True)
+def the_issue_command_lines_run_nothing(tmp: Path) -> str:
+    marker = tmp / "MARKER"
+    (tmp / "conf" / "experiment").mkdir(parents=True)
+    (tmp / "conf" / "experiment" / "open.yaml").write_text(
+        f"# @package _global_\nallow_any_target: true\ncompressor:\n  _target_: {HELPER}\n"
+        f"  _args_: [touch, {marker}]\n")
+    runs = [(["trainer.max_steps=1", f"compressor._target_={HELPER}",
+              f"+compressor._args_=[touch,{marker}]"], "may be instantiated"),
+            (["trainer.max_steps=1", "+hydra.callbacks.x._target_=builtins.print",
+              "+hydra.callbacks.x._args_=[CALLBACK_RAN]"], "hydra.callbacks.x"),
+            (["trainer.max_steps=1", "+experiment=open"], "a config file sets allow_any_target")]
+    for i, (overrides, word) in enumerate(runs):
+        cmd = train_cmd(tmp / f"run{i}", *overrides)
+        if i == 2:
+            cmd[3:3] = ["--config-dir", str(tmp / "conf")]
+        proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
+        expect(proc.returncode != 0 and word in proc.stderr
+               and "CALLBACK_RAN" not in proc.stdout + proc.stderr, proc.stderr[-800:])
+    expect(not marker.exists(), "a command line ran the attacker's code")
+    return f"{len(runs)} command lines refused before anything ran"
+
+
 # -- failing, hung and killed ranks --------------------------------------------------------
 
 def _fault_worker(rank: int, world_size: int, fault: str, stamp: str) -> None:
@@ -363,6 +499,36 @@ def hung_rank_is_named_after_the_collective_timeout(tmp: Path) -> str:
     delay = _fault(tmp, "stop", timeout, (said,))
     expect(delay < timeout + FAULT_S, f"reported after {delay:.1f} s")
     return f"hung rank 1 named after {delay:.1f} s (collective timeout {timeout:g} s)"
+
+
+def _exits_early(rank: int, world_size: int) -> None:
+    import torch.distributed as dist
+    dist.barrier()
+    if rank == 1:
+        os._exit(0)
+    dist.all_reduce(torch.ones(4))  # rank 0 waits here for a peer that is gone
+
+
+@case("faults", slow=True)
+def rank_exiting_with_code_0_is_named(tmp: Path) -> str:
+    from gracecomm.experiments.launch import WorkerError, spawn
+    message = refused(lambda: spawn(_exits_early, 2, timeout_s=60, collective_timeout_s=30),
+                      kind=WorkerError)
+    first = message.split("\n")[0]
+    expect(first.startswith("worker rank 1 of 2 exited with code 0 before its work was done"),
+           first)
+    return "named as the rank that exited with code 0 (not its peer's lost connection)"
+
+
+@case("numerics")
+def finite_overflow_is_not_called_nan(tmp: Path) -> str:
+    from gracecomm import NonFiniteError, build
+    x = torch.full((1000,), 1e38)
+    x[::2] = -1e38
+    message = refused(lambda: build("gaussiank").compressor.compress(x, "w"),
+                      "holds no NaN or Inf", "1.000e+38", kind=NonFiniteError)
+    expect("0 NaN" not in message, message)
+    return "gaussiank on finite 1e38: 'holds no NaN or Inf, but values up to 1.000e+38'"
 
 
 def _launcher_signal(tmp: Path, sig: signal.Signals) -> str:
@@ -432,6 +598,129 @@ def failing_rank_under_torchrun_is_named(tmp: Path) -> str:
            f"rank 1's error not shown: {proc.stderr[-1500:]}")
     expect(took < 60, f"took {took:.0f} s (collective timeout 120 s)")
     return f"rank 1's own error shown; run ended after {took:.1f} s (process starts included)"
+
+
+# -- hostile peers ----------------------------------------------------------------------------
+
+def _lie_about_sizes(comm: Any, by: int) -> None:
+    """This rank announces its first payload tensor `by` bytes longer than it is."""
+    gather = comm._gather_ints
+    comm._gather_ints = lambda link, ints, device: gather(link, [ints[0] + by, *ints[1:]],
+                                                           device)
+
+
+def _nan_in_first_field(payload: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    first = payload[0].clone()
+    first.view(-1)[0] = float("nan")
+    return (first, *payload[1:])
+
+
+def _header_word(index: int, value: int) -> Callable[..., Any]:
+    """The parameter server's downlink header (``[items, dtype, ndim, *shape, tensors,
+    (dtype, ndim, *shape) per tensor, ...]``) with one word replaced."""
+    def edit(meta: torch.Tensor, buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        meta = meta.clone()
+        meta[index] = value
+        return meta, buf
+    return edit
+
+
+_THRESHOLD = {"name": "threshold", "threshold": 0.5}
+# name -> the method, its communicator, what the faulty rank does and which rank it is
+PEER_CASES: dict[str, dict[str, Any]] = {
+    **{f"{comm}_announces_{'less' if by < 0 else 'more'}": {
+        "spec": _THRESHOLD, "comm": comm, "lie": by, "faulty": 1}
+       for comm in ("broadcast", "allgather", "parameter_server") for by in (-16, 16)},
+    "allreduce_announces_less": {"spec": "randomk", "comm": "allreduce", "lie": -16,
+                                 "faulty": 1, "step": 0},  # fixed sizes: agreed at step 0
+    # the first item is "w" (8, 12): one float32 tensor of 96 values on a dense downlink
+    "downlink_result_dtype_minus_1": {"spec": "none", "comm": "parameter_server",
+                                      "header": (1, -1), "faulty": 0},
+    "downlink_tensor_dtype_minus_9": {"spec": "none", "comm": "parameter_server",
+                                      "header": (6, -9), "faulty": 0},
+    "downlink_result_dim_minus_5": {"spec": "none", "comm": "parameter_server",
+                                    "header": (3, -5), "faulty": 0},
+    "downlink_result_of_another_shape": {"spec": "none", "comm": "parameter_server",
+                                         "header": (3, 12), "faulty": 0},
+    **{f"nan_in_{spec}_{comm}": {"spec": spec, "comm": comm, "corrupt": True, "faulty": 1}
+       for spec in ("topk", "qsgd", "terngrad")
+       for comm in ("allgather", "broadcast", "parameter_server")},
+    "nan_in_fp16_allreduce": {"spec": "fp16", "comm": "allreduce", "corrupt": True,
+                              "faulty": 1},
+}
+PEER_SHAPES = {"w": (8, 12), "b": (40,)}
+
+
+def peer_worker(rank: int, world_size: int, name: str, out: str) -> None:
+    """Three exchanges of `PEER_CASES[name]`, the faulty rank turning hostile at the second
+    (or the given step); every rank writes the error it ended with to ``out.<rank>``."""
+    from gracecomm import build
+    from gracecomm.communicators import parameter_server
+    setup = PEER_CASES[name]
+    pipe = build(setup["spec"], communicator=setup["comm"])
+    gen = torch.Generator().manual_seed(rank)
+    try:
+        for step in range(3):
+            hostile = rank == setup["faulty"] and step == setup.get("step", 1)
+            if hostile and "lie" in setup:
+                _lie_about_sizes(pipe.communicator, setup["lie"])
+            if hostile and setup.get("corrupt"):
+                compress = pipe.compressor.compress_rounds
+
+                def corrupted(named: Any, link: Any) -> Any:
+                    done = yield from compress(named, link)
+                    return [(_nan_in_first_field(p), c) if i == 0 else (p, c)
+                            for i, (p, c) in enumerate(done)]
+
+                pipe.compressor.compress_rounds = corrupted  # type: ignore[method-assign]
+            if hostile and "header" in setup:
+                pack, edit = parameter_server.pack, _header_word(*setup["header"])
+                parameter_server.pack = lambda payloads: edit(*pack(payloads))
+            grads = [(n, torch.randn(*s, generator=gen)) for n, s in PEER_SHAPES.items()]
+            for (n, grad), mean in zip(grads, pipe.step_many(grads)):
+                expect(mean.dtype == grad.dtype and mean.shape == grad.shape,
+                       f"tensor '{n}': a {mean.dtype} mean of shape {tuple(mean.shape)}")
+                expect(bool(torch.isfinite(mean).all()), f"tensor '{n}': a non-finite mean")
+    except Exception as err:
+        Path(out).with_suffix(f".{rank}").write_text(json.dumps([type(err).__name__, str(err)]))
+        raise
+
+
+def named_by_a_payload_error(tmp: Path, name: str) -> str:
+    """Run `PEER_CASES[name]` on 2 ranks: it must end in a `PayloadError` naming the faulty
+    rank, never a signal (an abort inside Gloo); the message that named it."""
+    from gracecomm.experiments.launch import WorkerError, spawn
+    out = tmp / name
+    message = refused(lambda: spawn(peer_worker, 2, name, str(out), timeout_s=60,
+                                    collective_timeout_s=30), "PayloadError", kind=WorkerError)
+    expect("signal" not in message.split("\n")[0], message[:300])
+    faulty = f"rank {PEER_CASES[name]['faulty']}"
+    errors = [json.loads(p.read_text()) for p in tmp.glob(f"{name}.*")]
+    named = [m for kind, m in errors if kind == "PayloadError" and faulty in m]
+    expect(bool(named), f"no PayloadError names {faulty}: {errors}")
+    return named[0]
+
+
+def _peer_cases(tmp: Path, part: str) -> str:
+    chosen = [name for name in PEER_CASES if part in name]
+    for name in chosen:
+        named_by_a_payload_error(tmp, name)
+    return f"{len(chosen)} cases, each a PayloadError naming the faulty rank, no abort"
+
+
+@case("peers", slow=True)
+def a_peer_announcing_other_sizes_is_named(tmp: Path) -> str:
+    return _peer_cases(tmp, "announces")
+
+
+@case("peers", slow=True)
+def a_malformed_downlink_is_named(tmp: Path) -> str:
+    return _peer_cases(tmp, "downlink")
+
+
+@case("peers", slow=True)
+def nan_in_a_peers_float_fields_is_named(tmp: Path) -> str:
+    return _peer_cases(tmp, "nan_in")
 
 
 # -- checkpoints ------------------------------------------------------------------------------
@@ -553,6 +842,108 @@ def resuming_a_finished_run_says_so(tmp: Path) -> str:
     line = next(line for line in proc.stdout.splitlines() if "test accuracy" in line)
     expect(0 < float(line.split()[-1]) <= 1, line)  # NaN fails too
     return f"said so and evaluated it: {line.strip()}"
+
+
+_ONE_RANK = ("trainer.world_size=1", "trainer.exchange=step", "trainer.progress=false",
+             "compressor=topk")
+
+
+def _train_here(tmp: Path, name: str, *overrides: str) -> Path:
+    """One rank trains in this process (no process group), its run directory `tmp/name`."""
+    from omegaconf import OmegaConf
+
+    from gracecomm.experiments.train import compose_config, train_worker
+    from gracecomm.experiments.train import validate as check
+    cfg = compose_config(*_ONE_RANK, *overrides)
+    check(cfg)
+    with contextlib.redirect_stdout(io.StringIO()):  # its summary: the case prints one line
+        train_worker(0, 1, OmegaConf.to_container(cfg, resolve=True), str(tmp / name), None)
+    return tmp / name
+
+
+@case("checkpoint", slow=True)
+def resume_refuses_every_changed_setting(tmp: Path) -> str:
+    folder = tmp / "ckpt"
+    _train_here(tmp, "first", "trainer.max_steps=10", "trainer.checkpoint_every=10",
+                f"trainer.checkpoint_dir={folder}")  # step 10 of epoch 0
+    changes = [("trainer.batch_size=16", "trainer.batch_size is 16 here but 32"),
+               ("data.test_fraction=0.5", "data.test_fraction is 0.5 here but 0.2"),
+               ("seed=1", "seed is 1 here but 0"),
+               ("compressor.ratio=0.1", "compressor.ratio is 0.1 here but 0.01"),
+               ("compressor=randomk", "compressor._target_"),
+               ("memory=none", "memory._target_"),
+               ("trainer.optimizer=adam", "trainer.optimizer is 'adam' here"),
+               ("trainer.exchange=hook", "trainer.exchange is 'hook' here"),
+               ("check_finite=false", "check_finite is False here")]
+    for override, words in changes:
+        refused(lambda o=override: validate(*_ONE_RANK, f"trainer.resume={folder}",
+                                            "trainer.max_steps=12", o), words,
+                "in the checkpoint's run")
+    run = _train_here(tmp, "resumed", f"trainer.resume={folder}", "trainer.max_steps=12",
+                      "trainer.lr=0.01")
+    summary = json.loads((run / "summary.json").read_text())
+    expect(summary["resume"]["changed"] == {"trainer.lr": [0.05, 0.01]}, str(summary["resume"]))
+    return f"{len(changes)} changed settings refused, naming both values; a new lr applied and " \
+        "recorded"
+
+
+@case("checkpoint")
+def malformed_manifests_are_named(tmp: Path) -> str:
+    from gracecomm.experiments import checkpoint
+    good = {"version": checkpoint.FORMAT_VERSION, "step": 4, "world_size": 2,
+            "fingerprint": "f", "settings": {},
+            "ranks": [{"file": checkpoint.file_name(r, 4), "bytes": 1, "sha256": "0" * 64}
+                      for r in range(2)]}
+    edits = [({"ranks": ["x", "y"]}, "'ranks' must be a list of objects"),
+             ({"step": "ten"}, "'step' must be an integer"), ({"settings": None}, "'settings'"),
+             ({"world_size": True}, "'world_size'"), ({"version": 2}, "format 2")]
+    texts = [(json.dumps({**good, **edit}), words) for edit, words in edits]
+    texts += [("{", "not JSON"), ('["x", "y"]', "holds a list"), ("null", "malformed")]
+    for text, words in texts:
+        (tmp / "manifest.json").write_text(text)
+        refused(lambda: checkpoint.manifest(tmp, 2), words, kind=ConfigError)
+    return f"{len(texts)} malformed manifests refused, naming the field"
+
+
+@case("checkpoint", slow=True)
+def a_full_disk_keeps_the_last_checkpoint(tmp: Path) -> str:
+    if os.geteuid() != 0:
+        return "skipped: mounting a small tmpfs needs root"
+    from gracecomm.experiments import checkpoint
+    size = base_checkpoint(tmp.parent).joinpath("rank0-step4.pt").stat().st_size
+    disk = tmp / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={3 * size + 65536}", "tmpfs",
+                    str(disk)], check=True)
+    try:
+        proc = train(tmp / "run", "compressor=topk", "trainer.max_steps=6",
+                     "trainer.checkpoint_every=1", f"trainer.checkpoint_dir={disk}")
+        left = sorted(p.name for p in disk.iterdir())
+        expect(proc.returncode != 0 and "No space left on device" in proc.stderr
+               and "is intact" in proc.stderr, proc.stderr[-1500:])
+        expect(not [n for n in left if n.endswith(".tmp")], f"temporary files left: {left}")
+        step = checkpoint.manifest(disk, 2)["step"]
+        expect(left == sorted([checkpoint.MANIFEST, *(checkpoint.file_name(r, step)
+                                                      for r in range(2))]), str(left))
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    return f"the disk filled at step {step + 1}; step {step}'s checkpoint intact, no file left"
+
+
+@case("concurrency", slow=True)
+def a_checkpoint_directory_is_never_shared(tmp: Path) -> str:
+    folder = tmp / "ckpt"
+    with long_run(tmp / "a", "trainer.checkpoint_every=1", f"trainer.checkpoint_dir={folder}"):
+        proc = train(tmp / "b", "trainer.max_steps=3", "trainer.checkpoint_every=1",
+                     f"trainer.checkpoint_dir={folder}", timeout=120)
+        expect(proc.returncode != 0 and "checkpoint directory" in proc.stderr
+               and "is in use by another run" in proc.stderr, proc.stderr[-800:])
+    after = train(tmp / "c", "trainer.max_steps=3", "trainer.checkpoint_every=1",
+                  f"trainer.checkpoint_dir={folder}", timeout=120)
+    expect(after.returncode != 0 and "holds the checkpoint of another run" in after.stderr,
+           after.stderr[-800:])
+    expect((folder / "manifest.json").exists(), "the first run's checkpoint is gone")
+    return "a live run's directory locked; a finished run's checkpoint not replaced"
 
 
 # -- determinism ----------------------------------------------------------------------------

@@ -38,10 +38,12 @@ OmegaConf.register_new_resolver("run_token", run_token, replace=True)
 
 
 @contextmanager
-def claim(run_dir: str | os.PathLike[str]) -> Iterator[None]:
+def claim(run_dir: str | os.PathLike[str], what: str = "run directory",
+          remedy: str = "give this run its own hydra.run.dir") -> Iterator[None]:
     """Hold an exclusive lock on `run_dir` (created if needed) for the life of the block or
-    of the process; `ConfigError` at once if another live run holds it. The lock (flock on
-    the directory) goes with the process, however it ends, and leaves no file behind."""
+    of the process; `ConfigError` at once if another live run holds it, naming it as `what`
+    and saying `remedy`. The lock (flock on the directory) goes with the process, however
+    it ends, and leaves no file behind. A checkpoint directory is claimed the same way."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX: the run token alone keeps runs apart
@@ -54,8 +56,8 @@ def claim(run_dir: str | os.PathLike[str]) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise ConfigError(f"run directory {folder} is in use by another run that is still "
-                          "running; give this run its own hydra.run.dir") from None
+        raise ConfigError(f"{what} {folder} is in use by another run that is still "
+                          f"running; {remedy}") from None
     try:
         yield
     finally:

@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
 from gracecomm import Compressor, Grace, GradientExchange, Need, build, register_comm_hook, registry
-from gracecomm.config import check_targets, instantiate
+from gracecomm.config import OPT_IN, check_targets, guard_composition, instantiate, opted_in
 from gracecomm.experiments import checkpoint, rundir
 from gracecomm.experiments.collapse import Collapsed, CollapseWatch
 from gracecomm.experiments.consistency import describe, gather_text, verify_same_on_all_ranks
@@ -86,17 +86,19 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 def compose_config(*overrides: str) -> DictConfig:
-    """The training config with command-line style overrides, composed as the entry point
-    composes it (for tests and scripts)."""
+    """The training config with command-line style overrides, composed and checked as the
+    entry point composes and checks it (for tests and scripts); `overrides` are the
+    caller's own, so ``allow_any_target=true`` among them opens every target."""
     from hydra import compose, initialize_config_dir
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+    with guard_composition(), initialize_config_dir(config_dir=str(CONFIG_DIR),
+                                                    version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)  # `${hydra:...}` values resolve, as in a run
     with open_dict(cfg):
         del cfg["hydra"]
+        cfg[OPT_IN] = opted_in(overrides)
     try:
-        compressor = instantiate(cfg.compressor,
-                                 allow_any_target=bool(cfg.get("allow_any_target", False)))
+        compressor = instantiate(cfg.compressor, allow_any_target=cfg[OPT_IN])
     except (ConfigError, MissingDependency):
         return cfg  # `validate` reports it, as in a run
     resolve_parts(cfg, compressor)
@@ -106,7 +108,7 @@ def compose_config(*overrides: str) -> DictConfig:
 def build_grace(cfg: DictConfig) -> Grace:
     """The pipeline of `cfg`'s compressor, memory and communicator, assembled by
     `gracecomm.build` (``auto`` parts resolved first, `resolve_parts`)."""
-    allow = bool(cfg.get("allow_any_target", False))
+    allow = bool(cfg.get(OPT_IN, False))
     compressor = instantiate(cfg.compressor, allow_any_target=allow)
     resolve_parts(cfg, compressor)
     return build(compressor, instantiate(cfg.memory, allow_any_target=allow),
@@ -117,8 +119,12 @@ def build_grace(cfg: DictConfig) -> Grace:
 def part_config(group: str, name: str) -> DictConfig:
     """The config of the `group` part registered as `name`: its file in ``configs/<group>/``
     (with the trainer values it interpolates), else just its class (a part another package
-    registers)."""
-    path = CONFIG_DIR / group / f"{name}.yaml"
+    registers). A path that leaves the config tree is refused."""
+    where = Path(group, f"{name}.yaml")
+    if where.is_absolute() or ".." in where.parts:
+        raise ConfigError(f"part config {str(where)!r} leaves the config tree; give a group "
+                          f"of configs/ ({', '.join(registry.REGISTRIES)}) and a registered name")
+    path = CONFIG_DIR / where
     if path.exists():
         return OmegaConf.load(path)
     cls = registry.get(group, name)
@@ -154,7 +160,7 @@ def validate(cfg: DictConfig) -> None:
     """Fail before any worker starts: targets, option names, ranges and pairings, the
     logger's set-up and the checkpoint to resume from."""
     check_scale(cfg)  # first: the other options' values interpolate the scale's preset
-    if not cfg.get("allow_any_target", False):
+    if not cfg.get(OPT_IN, False):
         check_targets(cfg)
     check_trainer_options(cfg.trainer)
     t = cfg.trainer
@@ -188,9 +194,94 @@ def validate(cfg: DictConfig) -> None:
     check_logger(cfg.logger)
     check_range(t.checkpoint_every, "trainer", "checkpoint_every", 0, integer=True)
     if t.resume and launched_externally():  # the manifest and this process's rank's file
-        checkpoint.manifest(t.resume, int(os.environ["WORLD_SIZE"]), [int(os.environ["RANK"])])
+        world_size = int(os.environ["WORLD_SIZE"])
+        found = checkpoint.manifest(t.resume, world_size, [int(os.environ["RANK"])])
     elif t.resume:  # the manifest and every rank's file
-        checkpoint.manifest(t.resume, int(t.world_size))
+        world_size = int(t.world_size)
+        found = checkpoint.manifest(t.resume, world_size)
+    if t.resume:
+        resume_changes(cfg, found["settings"], world_size)
+
+
+# -- what a checkpoint records of its run, and what a resumed run may change -------------------
+
+# Applied on resume, and reported and recorded: the optimizer continues with this run's values.
+APPLIED_ON_RESUME = ("trainer.lr", "trainer.momentum", "trainer.weight_decay")
+# May change when ``trainer.resume_changes`` lists them (a group name lists all its options):
+# the data order changes with them, so the run continues at the start of the next epoch.
+DATA_SETTINGS = ("seed", "trainer.batch_size", "data")
+NOT_SETTINGS = ("data.root", "data.download")  # where the data set lives, not what it is
+
+
+def _flatten(node: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(node, dict):
+        return {k: v for key, value in node.items()
+                for k, v in _flatten(value, f"{prefix}.{key}").items()}
+    return {prefix: node}
+
+
+def run_settings(cfg: DictConfig, world_size: int) -> dict[str, Any]:
+    """Everything that decides what the next training step computes, by dotted name, as
+    JSON values: the seed (data split and order), the world size, the batch size, the data
+    set, the model, the compressor, memory and communicator with all their options, the
+    exchange, the non-finite rule and the optimizer with its hyper-parameters. A checkpoint
+    records them (`checkpoint.save`) and a resumed run is compared with them
+    (`resume_changes`)."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    trainer = container["trainer"]
+    out: dict[str, Any] = {"seed": container.get("seed"), "trainer.world_size": world_size,
+                           "check_finite": container.get("check_finite", True),
+                           "trainer.exchange": trainer.get("exchange", "hook"),
+                           "trainer.optimizer": trainer.get("optimizer", "sgd")}
+    for key in ("batch_size", "bucket_cap_mb", "lr", "momentum", "weight_decay"):
+        out[f"trainer.{key}"] = trainer.get(key)
+    for group in ("data", "model", "compressor", "memory", "communicator"):
+        out.update(_flatten(container.get(group), group))
+    for key in NOT_SETTINGS:
+        out.pop(key, None)
+    return json.loads(json.dumps(out, default=str))
+
+
+def _listed(key: str, names: list[str]) -> bool:
+    return any(key == n or key.startswith(f"{n}.") for n in names)
+
+
+def resume_changes(cfg: DictConfig, saved: dict[str, Any],
+                   world_size: int) -> dict[str, tuple[Any, Any]]:
+    """The settings (`run_settings`) of this run that differ from those of the checkpoint's
+    run, as (checkpoint's, this run's), when the resumed run may go on with them: the
+    optimizer's hyper-parameters (applied) and the data settings ``trainer.resume_changes``
+    lists. Any other difference is refused with `ConfigError` naming each setting, both
+    values and how to resume."""
+    now = run_settings(cfg, world_size)
+    missing = "not set"
+    changed = {k: (saved.get(k, missing), now.get(k, missing)) for k in sorted({*saved, *now})
+               if saved.get(k, missing) != now.get(k, missing)}
+    allowed = [str(n) for n in cfg.trainer.get("resume_changes") or []]
+    for name in allowed:
+        if not _listed(name, list(DATA_SETTINGS)):
+            raise ConfigError(f"trainer: option 'resume_changes' lists {name!r}, which cannot "
+                              f"change on resume; it may list {', '.join(DATA_SETTINGS)} or "
+                              "options of data (the compression and optimizer state belong "
+                              "to the method, the model and the world size)")
+    refused = {k: v for k, v in changed.items()
+               if k not in APPLIED_ON_RESUME and not _listed(k, allowed)}
+    if refused:
+        listed = "; ".join(f"{k} is {new!r} here but {old!r} in the checkpoint's run"
+                           for k, (old, new) in refused.items())
+        back = " ".join(f"{k}={json.dumps(old)}" for k, (old, _) in refused.items()
+                        if old != missing)
+        data = [k for k in refused if _listed(k, list(DATA_SETTINGS))]
+        allow = (f"; or let the data settings change with "
+                 f"'trainer.resume_changes=[{','.join(data)}]' (the run then continues at "
+                 "the start of the next epoch)" if data else "")
+        how = back or "drop the options it did not have"
+        raise ConfigError(
+            f"trainer: option 'resume' points to {cfg.trainer.resume}, whose run computed "
+            f"its steps with other settings: {listed}. A resumed run must compute the steps "
+            f"that run would have: resume with its values ({how}), or start a new run "
+            f"without trainer.resume{allow}")
+    return changed
 
 
 def check_trainer_options(trainer: DictConfig) -> None:
@@ -247,7 +338,7 @@ def check_model_fits_data(cfg: DictConfig) -> None:
         if cfg.model[key] != cfg.data[key]:
             raise ConfigError(f"{what}: option 'model.{key}' is {cfg.model[key]} but "
                               f"'data.{key}' is {cfg.data[key]}; they must be equal")
-    allow = bool(cfg.get("allow_any_target", False))
+    allow = bool(cfg.get(OPT_IN, False))
     data = instantiate(cfg.data, allow_any_target=allow)
     model = instantiate(cfg.model, allow_any_target=allow)
     task = make_task(data.task, data.task_options)
@@ -373,7 +464,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     cfg = OmegaConf.create(cfg_dict)
     if dist.is_initialized():  # under torchrun every rank named its own; rank 0's counts
         run_dir = gather_text(run_dir)[0]
-    allow = bool(cfg.get("allow_any_target", False))
+    allow = bool(cfg.get(OPT_IN, False))
     device = _device(cfg, rank)
     torch.manual_seed(cfg.seed)
     data = instantiate(cfg.data, allow_any_target=allow)
@@ -388,14 +479,20 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     optimizer, decay = make_optimizer(cfg, model, grace)
     position, totals = checkpoint.Position(), new_totals()
     resumed, source = None, f"checkpoint {t.resume} (rank {rank})"
+    settings, changes = run_settings(cfg, world_size), {}
     if t.resume:
         resumed = checkpoint.load(t.resume, rank, world_size, fingerprint)
+        changes = resume_changes(cfg, resumed["settings"], world_size)
         checkpoint.check_shapes(resumed, model, source)
         model.load_state_dict(resumed["model"])
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         optimizer.load_state_dict(resumed["optimizer"])
+        for param_group, values in zip(optimizer.param_groups, hyper):  # this run's values
+            param_group.update(values)
         grace.load_state_dict(resumed["grace"])
         position = checkpoint.Position(**resumed["position"])
         totals.update(resumed["totals"])
+    new_data = [k for k in changes if _listed(k, list(DATA_SETTINGS))]
     mode = exchange_mode(cfg)
     per_bucket = mode != "step"
     counter = contextlib.nullcontext()
@@ -419,12 +516,17 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     sampler = DistributedSampler(data.train, num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=cfg.seed)
     loader = DataLoader(data.train, batch_size=t.batch_size, sampler=sampler, drop_last=False)
-    if resumed is not None:
+    if resumed is not None and not new_data:
         position.check(len(loader), source)
     verify_same_on_all_ranks({"resume position": describe(vars(position) if resumed else None)})
     saved_epoch = position.epoch
-    if position.batch >= len(loader):  # saved at the end of an epoch
+    if position.batch >= len(loader) or new_data:  # at the end of an epoch, or a new order
         position = checkpoint.Position(position.step, position.epoch + 1, 0)
+    if changes and rank == 0:
+        print(f"resumed from {t.resume} at step {position.step}; changed since its run: "
+              + "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
+              + (f" (the new data order starts with epoch {position.epoch})" if new_data
+                 else ""), flush=True)
     if Need.OWNS_MOMENTUM in grace.needs and rank == 0:
         print(f"{grace.needed_by(Need.OWNS_MOMENTUM)} applies the momentum: the optimizer "
               "runs with momentum 0 and weight decay is added to the gradients before "
@@ -432,7 +534,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     total_steps = t.epochs * len(loader)
     if t.max_steps is not None:
         total_steps = min(total_steps, int(t.max_steps))
-    checkpoint_dir = t.checkpoint_dir or os.path.join(run_dir, "checkpoints")
+    checkpoint_dir = checkpoint_dir_of(cfg, run_dir)
     if resumed is not None and position.step >= total_steps and rank == 0:
         print(f"{t.resume} holds the end of this run (step {position.step} of {total_steps}): "
               "nothing left to train, evaluating it (raise trainer.epochs or trainer.max_steps "
@@ -458,7 +560,7 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
     def save(at: checkpoint.Position) -> None:
         checkpoint.save(checkpoint_dir, rank, world_size, at, model, optimizer,
                         grace.state_dict(), totals, fingerprint,
-                        logger.state_dict() if logger is not None else {})
+                        logger.state_dict() if logger is not None else {}, settings)
 
     clock = TrainingClock()
 
@@ -558,6 +660,9 @@ def train_worker(rank: int, world_size: int, cfg_dict: dict[str, Any], run_dir: 
                    compressor=grace.compressor.registry_name, memory=grace.memory.registry_name,
                    communicator=grace.communicator.registry_name, chance=watch.chance,
                    collapse=watch.verdict(), **{RECORD_KEY: cfg_dict.get(RECORD_KEY, {})})
+    if resumed is not None:
+        summary["resume"] = {"from": str(t.resume), "step": resumed["position"]["step"],
+                             "changed": {k: list(v) for k, v in changes.items()}}
     if logger is not None:
         logger.finish(summary)
         print(format_summary(summary, run_dir), flush=True)
@@ -821,9 +926,38 @@ def one_line_errors(run: Callable[[DictConfig], Any]) -> Callable[[DictConfig], 
     return checked
 
 
+def checkpoint_dir_of(cfg: DictConfig, run_dir: str) -> str:
+    """Where the run saves its checkpoints: ``trainer.checkpoint_dir``, else in its run
+    directory."""
+    return cfg.trainer.checkpoint_dir or os.path.join(run_dir, "checkpoints")
+
+
+@contextlib.contextmanager
+def claim_run(cfg: DictConfig, run_dir: str) -> Iterator[None]:
+    """Lock the run directory and, where the run saves checkpoints, its checkpoint
+    directory for the life of the run (`rundir.claim`: a second live run given either is
+    refused), and refuse a checkpoint directory that holds another run's checkpoint unless
+    the run resumes from it: saving would replace that checkpoint."""
+    folder = Path(checkpoint_dir_of(cfg, run_dir))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(rundir.claim(run_dir))
+        if cfg.trainer.checkpoint_every:
+            if folder.resolve() != Path(run_dir).resolve():
+                stack.enter_context(rundir.claim(folder, "checkpoint directory",
+                                                 "give this run its own trainer.checkpoint_dir"))
+            resume = cfg.trainer.resume
+            if (folder / checkpoint.MANIFEST).exists() and not (
+                    resume and Path(resume).resolve() == folder.resolve()):
+                raise ConfigError(f"trainer: option 'checkpoint_dir' is {folder}, which holds "
+                                  "the checkpoint of another run, and saving would replace "
+                                  f"it: resume from it (trainer.resume={folder}), or give "
+                                  "this run another trainer.checkpoint_dir")
+        yield
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 @one_line_errors
-def main(cfg: DictConfig) -> float | tuple[float, ...]:
+def train_job(cfg: DictConfig) -> float | tuple[float, ...]:
     """Train one configuration; return its `objective` (minimised) to a Hydra sweeper."""
     if launched_externally() and HydraConfig.get().mode == RunMode.MULTIRUN:
         raise ConfigError("a Hydra multirun (-m) cannot run under torchrun: torchrun starts "
@@ -831,8 +965,13 @@ def main(cfg: DictConfig) -> float | tuple[float, ...]:
                           "would run. Sweep without torchrun (local workers: "
                           "trainer.world_size=N, any Hydra launcher), or start one torchrun "
                           "per configuration")
-    compressor = instantiate(cfg.compressor,
-                             allow_any_target=bool(cfg.get("allow_any_target", False)))
+    allow = opted_in(HydraConfig.get().overrides.task)
+    if cfg.get(OPT_IN, False) and not allow:  # `guard_composition` refused it already
+        raise ConfigError(f"a config file sets {OPT_IN}: true; give {OPT_IN}=true on the "
+                          "command line to allow any target")
+    with open_dict(cfg):
+        cfg[OPT_IN] = allow
+    compressor = instantiate(cfg.compressor, allow_any_target=allow)
     resolve_parts(cfg, compressor)
     for line in apply_method_defaults(cfg, given_keys(HydraConfig.get().overrides.task),
                                       compressor):
@@ -845,12 +984,12 @@ def main(cfg: DictConfig) -> float | tuple[float, ...]:
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     if launched_externally():  # run this rank and exit, as spawned workers do
         rank = int(os.environ["RANK"])
-        with rundir.claim(run_dir) if rank == 0 else contextlib.nullcontext():
+        with claim_run(cfg, run_dir) if rank == 0 else contextlib.nullcontext():
             run_rank(train_worker, rank, int(os.environ["WORLD_SIZE"]),
                      (cfg_dict, run_dir, group), backend=_backend(cfg),
                      collective_timeout_s=float(cfg.trainer.collective_timeout_s))
     try:
-        with rundir.claim(run_dir):
+        with claim_run(cfg, run_dir):
             spawn(train_worker, int(cfg.trainer.world_size), cfg_dict, run_dir, group,
                   backend=_backend(cfg), timeout_s=float(cfg.trainer.timeout_s),
                   collective_timeout_s=float(cfg.trainer.collective_timeout_s))
@@ -870,6 +1009,14 @@ def main(cfg: DictConfig) -> float | tuple[float, ...]:
     if summary.get("collapse") and HydraConfig.get().mode != RunMode.MULTIRUN:
         raise Collapsed(summary["collapse"]["message"])
     return objective(summary, names)
+
+
+def main() -> Any:
+    """The ``gracecomm-train`` command: Hydra's entry point (`train_job`), with every config
+    Hydra composes checked before any part of it is used (`gracecomm.config.check_composed`:
+    targets, ``hydra.*`` callbacks, logging and environment included)."""
+    with guard_composition():
+        return train_job()
 
 
 if __name__ == "__main__":

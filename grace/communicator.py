@@ -26,7 +26,7 @@ import torch
 from gracecomm.compressor import Compressor, Payload
 from gracecomm.exchange import Collectives, Exchange, Link, Rounds, Works
 from gracecomm.part import Part
-from gracecomm.validation import IncompatibleError, PayloadError, check_choice
+from gracecomm.validation import IncompatibleError, PayloadError, check_choice, nonfinite_among
 from gracecomm.wire import DTYPES, dtype_code, from_bytes, to_bytes
 
 Item = tuple[Payload, Any, str]  # (payload, ctx, tensor name)
@@ -233,19 +233,33 @@ class Communicator(Part, Collectives, ABC, kind="communicator"):
         """
         return len(link.status) + 4 * self.checksum
 
-    def serialise(self, link: Link, local: Sequence[torch.Tensor],
-                  device: torch.device) -> torch.Tensor:
+    def serialise(self, link: Link, local: Sequence[torch.Tensor], device: torch.device,
+                  announced: int) -> torch.Tensor:
         """This rank's payload tensors as bytes, followed by its trailer.
+
+        A collective whose sizes differ between ranks aborts the receiving process inside
+        the backend, so a payload that differs from what this rank announced is refused
+        here, naming this rank.
 
         Args:
             link: The exchange's accounted collectives.
             local: This rank's payload tensors.
             device: Where the bytes go.
+            announced: The bytes this rank's size round told every rank (what they post
+                for it).
 
         Returns:
             A uint8 tensor.
+
+        Raises:
+            PayloadError: The payload's bytes differ from `announced`.
         """
         payload = to_bytes(local, device)
+        if payload.numel() != announced:
+            raise PayloadError(f"{self.label} on rank {self.rank}: its payload holds "
+                               f"{payload.numel()} bytes, but rank {self.rank} announced "
+                               f"{announced}; sending it would abort its peers, so it is not "
+                               "sent")
         trailer = list(link.status)
         if self.checksum:
             with self.metrics.timer("checksum_s"):
@@ -331,7 +345,7 @@ class Communicator(Part, Collectives, ABC, kind="communicator"):
 
     def aggregate_items(self, items: Sequence[Item],
                         per_rank: Sequence[Sequence[Payload]]) -> list[torch.Tensor]:
-        """Decompress and average every item over ranks.
+        """Decompress and average every item over ranks, after `check_finite_fields`.
 
         Args:
             items: This rank's items (their ctx decompress every rank's payload).
@@ -341,9 +355,11 @@ class Communicator(Part, Collectives, ABC, kind="communicator"):
             The mean over ranks of each item, in order.
 
         Raises:
-            PayloadError: A payload is malformed (names the tensor).
+            PayloadError: A payload is malformed or carries NaN/Inf in a float field
+                (names the rank and the tensor).
         """
         assert self.compressor is not None, "communicator used before attach()"
+        self.check_fields(items, per_rank)
         outs = []
         with self.metrics.timer("decompress_s"):
             for i, (_, ctx, name) in enumerate(items):
@@ -351,8 +367,70 @@ class Communicator(Part, Collectives, ABC, kind="communicator"):
                 try:
                     outs.append(self.compressor.aggregate(payloads, ctx))
                 except PayloadError as err:
-                    raise PayloadError(f"tensor '{name}': {err}") from None
+                    raise PayloadError(f"tensor '{name}': {self.culprit(payloads, ctx)}"
+                                       f"{err}") from None
         return outs
+
+    def check_fields(self, items: Sequence[Item], per_rank: Sequence[Sequence[Payload]],
+                     senders: Sequence[str] | None = None) -> None:
+        """The integrity check of every exchange (`check_finite_fields`), always on.
+
+        Its cost is measured by ``gracecomm-bench suite=integrity``, which times the
+        exchange with and without it.
+
+        Args:
+            items: This rank's items.
+            per_rank: Every rank's payloads, in rank order.
+            senders: Who sent each of `per_rank` (default ``rank r``).
+
+        Raises:
+            PayloadError: A floating-point field holds NaN or Inf (names the sender).
+        """
+        check_finite_fields(self.label, items, per_rank, senders)
+
+    def culprit(self, payloads: Sequence[Payload], ctx: Any) -> str:
+        """Which rank's payload a refused aggregate came from.
+
+        Args:
+            payloads: Every rank's payload of one tensor, in rank order.
+            ctx: This rank's ctx for the tensor.
+
+        Returns:
+            ``'the payload from rank r: '`` for the first rank whose payload alone does not
+            decompress, else ``''``.
+        """
+        assert self.compressor is not None
+        for owner, payload in enumerate(payloads):
+            try:
+                self.compressor.decompress(payload, ctx)
+            except PayloadError:
+                return f"the payload from rank {owner}: "
+        return ""
+
+
+def check_finite_fields(owner: str, items: Sequence[Item],
+                        per_rank: Sequence[Sequence[Payload]],
+                        senders: Sequence[str] | None = None) -> None:
+    """The integrity check of every exchange: the floating-point tensors of every rank's
+    payloads (Top-k's values, QSGD's norms, TernGrad's scales, fp16 values) must be finite.
+    A compressor never puts NaN or Inf into the payload of a finite tensor (casts saturate,
+    scales are checked), and a step whose input was not finite never gets this far (it
+    raises, or passes through by its status), so a non-finite field was corrupted on the way
+    or by its sender: `PayloadError` naming the sender (``rank r`` for the r-th of
+    `per_rank`, or `senders`), the tensor and the field. One sum per field
+    (`nonfinite_among`)."""
+    fields = [(r, i, j, t) for r, payloads in enumerate(per_rank)
+              for i, payload in enumerate(payloads) for j, t in enumerate(payload)
+              if t.is_floating_point() and t.numel()]
+    bad = nonfinite_among([t for *_, t in fields])
+    if bad:
+        r, i, j, t = fields[bad[0]]
+        sender = senders[r] if senders is not None else f"rank {r}"
+        n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+        raise PayloadError(f"{owner}: the payload from {sender} for tensor '{items[i][2]}' "
+                           f"holds {n_nan} NaN and {n_inf} Inf values in its {t.dtype} field "
+                           f"{j} (of {t.numel()} values), though its input was finite: it "
+                           "was corrupted on the way or by its sender")
 
 
 def crc32(data: torch.Tensor) -> int:

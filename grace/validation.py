@@ -147,19 +147,39 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return not nonfinite_among([tensor])
 
 
+SUMMED_TOGETHER = 1 << 16  # tensors below this many elements are summed in one call
+
+
 def nonfinite_among(tensors: Sequence[torch.Tensor]) -> list[int]:
     """The positions of the `tensors` that hold NaN or Inf. Their sums decide in the usual
     case, since a NaN or Inf makes a sum non-finite (one read each, where
     ``isfinite().all()`` costs about 40 on the CPU, and one host synchronisation for all);
-    only a tensor whose sum is not finite, which finite values can reach by overflowing, has
-    its elements checked."""
+    small tensors of one dtype are summed together in one call (a payload's fields: one
+    call instead of one per field), large ones alone. Only a sum that is not finite, which
+    finite values can reach by overflowing, has its tensors' elements checked."""
     if not tensors:
         return []
-    sums = torch.stack([t.sum(dtype=torch.float32) for t in tensors])
-    if bool(torch.isfinite(sums).all()):
+    batches: list[list[int]] = []
+    small: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.numel() >= SUMMED_TOGETHER:
+            batches.append([i])
+            continue
+        group = small.setdefault(t.dtype, [])
+        group.append(i)
+        if len(group) == 64:  # at most 4M elements copied for one call
+            batches.append(small.pop(t.dtype))
+    batches += small.values()
+    sums = torch.stack([
+        tensors[b[0]].sum(dtype=torch.float32) if len(b) == 1 else
+        torch.cat([tensors[i] if tensors[i].dim() == 1 else tensors[i].reshape(-1)
+                   for i in b]).sum(dtype=torch.float32)
+        for b in batches])
+    finite = torch.isfinite(sums)
+    if bool(finite.all()):
         return []
-    return [i for i in torch.nonzero(~torch.isfinite(sums)).view(-1).tolist()
-            if not bool(torch.isfinite(tensors[i]).all())]
+    suspects = sorted(i for b, ok in zip(batches, finite.tolist()) if not ok for i in b)
+    return [i for i in suspects if not bool(torch.isfinite(tensors[i]).all())]
 
 
 def is_finite(tensor: torch.Tensor, name: str, *, raise_error: bool = False) -> bool:
@@ -179,11 +199,22 @@ def is_finite(tensor: torch.Tensor, name: str, *, raise_error: bool = False) -> 
 
 
 def nonfinite_error(tensor: torch.Tensor, name: str, why: str, remedy: str) -> NonFiniteError:
-    """The one message for a tensor holding NaN or Inf: which tensor, how many of each, `why`
-    it cannot go on and the `remedy` (an option that handles it)."""
+    """The one message for a tensor whose values a component cannot handle: which tensor,
+    how many NaN and Inf it holds, `why` it cannot go on and the `remedy` (an option that
+    handles it). A tensor with neither (finite values whose sums or squares overflow, such
+    as 1e38 in float32) is said to be finite, with its largest magnitude: it is never blamed
+    on NaN or Inf."""
     n_nan, n_inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
-    return NonFiniteError(f"tensor '{name}' holds {n_nan} NaN and {n_inf} Inf values out of "
-                          f"{tensor.numel()}; {why} ({remedy})")
+    if n_nan or n_inf:
+        return NonFiniteError(f"tensor '{name}' holds {n_nan} NaN and {n_inf} Inf values out "
+                              f"of {tensor.numel()}; {why} ({remedy})")
+    largest = float(tensor.detach().abs().max()) if tensor.numel() else 0.0
+    limit = (f" (largest finite {torch.finfo(tensor.dtype).max:.3e})"
+             if tensor.is_floating_point() else "")
+    return NonFiniteError(f"tensor '{name}' holds no NaN or Inf, but values up to "
+                          f"{largest:.3e} in magnitude, whose sums or squares overflow "
+                          f"{tensor.dtype}{limit}; {why} ({remedy}, or scale the gradients "
+                          "down)")
 
 
 def expect_payload(tensor: torch.Tensor, numel: int, dtype: torch.dtype, what: str) -> None:

@@ -200,7 +200,17 @@ def dtype_code(dtype: torch.dtype) -> int:
     return DTYPES.index(dtype)
 
 
+def dtype_of(code: int) -> torch.dtype:
+    """The dtype of a `DTYPES` code read from the wire; `PayloadError` for a code out of
+    range (a negative one would otherwise index from the end)."""
+    if not 0 <= code < len(DTYPES):
+        raise PayloadError(f"dtype code {code} is not one of 0..{len(DTYPES) - 1}")
+    return DTYPES[code]
+
+
 Described = tuple[torch.Size, torch.dtype, Sequence[torch.Tensor]]
+MAX_DIMS = 16  # the most dimensions a described shape may have
+MAX_DESCRIBED_TENSORS = 64  # the most payload tensors one described item may have
 
 
 def pack_described(items: Sequence[Described]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,23 +228,53 @@ def pack_described(items: Sequence[Described]) -> tuple[torch.Tensor, torch.Tens
 
 
 def unpack_described(header: torch.Tensor, buf: torch.Tensor) -> list[Described]:
-    """Inverse of `pack_described`; its tensors are copies, independent of `buf`."""
-    words = iter(header.tolist())
+    """Inverse of `pack_described`; its tensors are copies, independent of `buf`. Every
+    word is checked before it is used: `PayloadError` for a dtype code or a count out of
+    range, a negative dimension, a header with words missing or left over, and payloads
+    whose bytes do not fill `buf` exactly."""
+    words = header.tolist()
+    pos = 0
+
+    def word(what: str, low: int, high: int) -> int:
+        nonlocal pos
+        if pos >= len(words):
+            raise PayloadError(f"the header ends at word {pos}, where {what} should follow")
+        value = words[pos]
+        if not low <= value <= high:
+            raise PayloadError(f"header word {pos} ({what}) is {value}, allowed {low}..{high}")
+        pos += 1
+        return value
 
     def shaped() -> tuple[torch.dtype, torch.Size]:
-        dtype = DTYPES[next(words)]
-        return dtype, torch.Size([next(words) for _ in range(next(words))])
+        dtype = dtype_of(word("a dtype code", -(2**63), 2**63))
+        ndim = word("a number of dimensions", 0, MAX_DIMS)
+        dims = []
+        for _ in range(ndim):
+            dim = word("a dimension", -(2**63), 2**63)
+            if dim < 0:
+                raise PayloadError(f"header word {pos - 1} is dimension {dim}, which is "
+                                   "negative")
+            dims.append(dim)
+        return dtype, torch.Size(dims)
 
-    out, pos = [], 0
-    for _ in range(next(words)):
+    out, offset = [], 0
+    for _ in range(word("the number of items", 0, len(words))):
         dtype, shape = shaped()
         payload = []
-        for _ in range(next(words)):
+        for _ in range(word("a number of payload tensors", 0, MAX_DESCRIBED_TENSORS)):
             t_dtype, t_shape = shaped()
             size = t_shape.numel() * t_dtype.itemsize
-            payload.append(buf[pos:pos + size].clone().view(t_dtype).reshape(t_shape))
-            pos += size
+            if offset + size > buf.numel():
+                raise PayloadError(f"the header describes more payload bytes than the "
+                                   f"{buf.numel()} bytes received")
+            payload.append(buf[offset:offset + size].clone().view(t_dtype).reshape(t_shape))
+            offset += size
         out.append((shape, dtype, tuple(payload)))
+    if pos != len(words):
+        raise PayloadError(f"the header holds {len(words)} words, its items use {pos}")
+    if offset != buf.numel():
+        raise PayloadError(f"the header describes {offset} payload bytes, {buf.numel()} bytes "
+                           "were received")
     return out
 
 

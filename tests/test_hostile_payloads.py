@@ -75,8 +75,8 @@ def hostile(rank: int, world_size: int, case: str, out: str) -> None:
                 if setup.get("garble"):
                     serialise = comm.serialise
 
-                    def garbled(link: Any, local: Any, device: Any) -> torch.Tensor:
-                        buf = serialise(link, local, device).clone()
+                    def garbled(*args: Any, **kwargs: Any) -> torch.Tensor:
+                        buf = serialise(*args, **kwargs).clone()
                         buf[-5] ^= 0x40  # a value byte before the trailer, after the CRC
                         return buf
 

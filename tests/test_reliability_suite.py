@@ -10,7 +10,7 @@ import pytest
 from gracecomm.experiments.reliability import CASES, Case
 
 TIMED = {"failing_rank_is_named_within_seconds", "killed_rank_is_named_within_seconds",
-         "hung_rank_is_named_after_the_collective_timeout"}
+         "hung_rank_is_named_after_the_collective_timeout", "rank_exiting_with_code_0_is_named"}
 SLOW = TIMED | {"curve_fits_are_repeatable"}  # they start workers, or take seconds
 CHOSEN = [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.name in SLOW else [])
           for c in CASES if not c.slow or c.name in TIMED]
