@@ -67,7 +67,7 @@ import gracecomm
 from gracecomm import communicators, compressors, memories, registry
 from gracecomm.compressor import Compressor, Payload
 from gracecomm.compressors.shared.stochastic import torch_paths
-from gracecomm.config import instantiate
+from gracecomm.config import guarded, instantiate
 from gracecomm.experiments import rundir  # noqa: F401 - registers ${run_token:}
 from gracecomm.experiments.bench.compressors import synthetic
 from gracecomm.experiments.hostwatch import SYNC_KINDS, HostWatch
@@ -647,7 +647,7 @@ def markdown(report: Record, command: str) -> str:
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="gpucheck")
-def main(cfg: DictConfig) -> None:
+def gpucheck_job(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     overrides = list(HydraConfig.get().overrides.task)
     command = " ".join(["gracecomm-gpucheck", *overrides])
@@ -659,6 +659,8 @@ def main(cfg: DictConfig) -> None:
     print(json.dumps(summary_line(report)), flush=True)
     sys.exit(0 if report["ok"] else 1)
 
+
+main = guarded(gpucheck_job)  # every composed config checked first (`gracecomm.config.guarded`)
 
 if __name__ == "__main__":
     main()

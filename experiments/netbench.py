@@ -68,6 +68,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from gracecomm.config import guarded
 from gracecomm.experiments import presets
 from gracecomm.experiments.cluster import (
     ClusterError,
@@ -617,7 +618,7 @@ def last_line(result: dict[str, Any]) -> dict[str, Any]:
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="netbench")
-def main(cfg: DictConfig) -> None:
+def netbench_job(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         result = benchmark(cfg, out_dir)
@@ -634,6 +635,8 @@ def main(cfg: DictConfig) -> None:
         print(f"plot: {out_dir / 'accuracy_vs_time.png'}")
     print(json.dumps(last_line(result)))
 
+
+main = guarded(netbench_job)  # every composed config checked first (`gracecomm.config.guarded`)
 
 if __name__ == "__main__":
     main()

@@ -40,7 +40,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
 from gracecomm import Compressor, Grace, GradientExchange, Need, build, register_comm_hook, registry
-from gracecomm.config import OPT_IN, check_targets, guard_composition, instantiate, opted_in
+from gracecomm.config import (
+    OPT_IN,
+    check_targets,
+    guard_composition,
+    guarded,
+    instantiate,
+    opted_in,
+)
 from gracecomm.experiments import checkpoint, rundir
 from gracecomm.experiments.collapse import Collapsed, CollapseWatch
 from gracecomm.experiments.consistency import describe, gather_text, verify_same_on_all_ranks
@@ -1011,12 +1018,10 @@ def train_job(cfg: DictConfig) -> float | tuple[float, ...]:
     return objective(summary, names)
 
 
-def main() -> Any:
-    """The ``gracecomm-train`` command: Hydra's entry point (`train_job`), with every config
-    Hydra composes checked before any part of it is used (`gracecomm.config.check_composed`:
-    targets, ``hydra.*`` callbacks, logging and environment included)."""
-    with guard_composition():
-        return train_job()
+# The ``gracecomm-train`` command: Hydra's entry point (`train_job`), with every config Hydra
+# composes checked before any part of it is used (`gracecomm.config.check_composed`: targets,
+# ``hydra.*`` callbacks, logging and environment included).
+main = guarded(train_job)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import contextlib
 import difflib
 import functools
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -339,6 +339,25 @@ def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
 
 class RefusedConfig(ConfigError, CompactHydraException):
     """A composed config that `check_composed` refused (Hydra prints only its message)."""
+
+
+def guarded(entry: Callable[[], Any]) -> Callable[[], Any]:
+    """A command's Hydra entry point (a ``@hydra.main`` function), run inside
+    `guard_composition`: what the console scripts call.
+
+    Args:
+        entry: The ``@hydra.main`` function.
+
+    Returns:
+        The function to run as the command.
+    """
+
+    @functools.wraps(entry)
+    def command() -> Any:
+        with guard_composition():
+            return entry()
+
+    return command
 
 
 @contextlib.contextmanager

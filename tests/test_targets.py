@@ -239,6 +239,21 @@ def test_a_hydra_callback_runs_nothing(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("command", ["gracecomm-bench", "gracecomm-netbench",
+                                     "gracecomm-gpucheck"])
+def test_every_command_checks_what_it_composes(tmp_path, command):
+    """Not only gracecomm-train: every console script runs its Hydra entry point inside
+    `gracecomm.config.guarded`."""
+    exe = Path(sys.executable).parent / command
+    proc = subprocess.run([str(exe), "+hydra.callbacks.x._target_=builtins.print",
+                           "+hydra.callbacks.x._args_=[CALLBACK_RAN]",
+                           f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert "CALLBACK_RAN" not in proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "hydra.callbacks.x" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_a_config_dir_cannot_open_targets(tmp_path):
     marker = tmp_path / "MARKER"
     (tmp_path / "conf" / "experiment").mkdir(parents=True)

@@ -11,6 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
+from gracecomm.config import guarded
 from gracecomm.experiments import rundir  # noqa: F401 - registers ${run_token:}
 from gracecomm.experiments.bench import SUITE_COLUMNS, SUITE_OPTIONS, SUITES
 from gracecomm.experiments.bench.table import format_table
@@ -31,7 +32,7 @@ def check_overrides(name: str, overrides: list[str]) -> None:
 
 
 @hydra.main(version_base="1.3", config_path="../../configs", config_name="bench")
-def main(cfg: DictConfig) -> None:
+def bench_job(cfg: DictConfig) -> None:
     import_submodules("gracecomm.experiments.bench")
     check_choice(cfg.suite, sorted(SUITES), "bench", "suite")
     check_overrides(cfg.suite, list(HydraConfig.get().overrides.task))
@@ -43,6 +44,8 @@ def main(cfg: DictConfig) -> None:
     print(format_table(records, cfg.get("columns") or SUITE_COLUMNS[cfg.suite]))
     print(f"\n{len(records)} records written to {out}")
 
+
+main = guarded(bench_job)  # every composed config checked first (`gracecomm.config.guarded`)
 
 if __name__ == "__main__":
     main()
