@@ -58,6 +58,7 @@ import torch
 
 from gracecomm.config import instantiate
 from gracecomm.experiments import presets
+from gracecomm.experiments.report import save_figure
 from gracecomm.experiments.train import build_grace
 from gracecomm.network import TCP_OVER_ETHERNET, Network, bytes_key, calls_key
 
@@ -241,9 +242,7 @@ def plot(projection: dict[str, Any], path: Path) -> None:
             ax.set_title(f"{model}: fastest by {what} (x: over DDP)", fontsize=9)
     fig.suptitle("Projected, not measured: cost model validated at 2-8 nodes "
                  "(assumptions in docs/cluster.md)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gracecomm.experiments.report import save_figure
 from gracecomm.network import TCP_OVER_ETHERNET, Network, at_world_size
 
 ALLGATHER_SPARSIFIERS = ("topk", "dgc")
@@ -71,14 +72,19 @@ def contention(r: dict[str, Any]) -> str:
             f"{1e3 * r['compute_alone_s']:.1f} ms for one rank alone")
 
 
+def setting(r: dict[str, Any]) -> str:
+    """The cluster a result ran on, in words."""
+    return (f"{r['world_size']} nodes x {r['ranks_per_node']} rank, {r['bandwidth_mbps']:g} "
+            f"Mbit/s per node ({r['topology']})")
+
+
 def render_step(path: Path | str) -> str:
     """A ``goal=step`` netbench result: measured and projected step time and speedup per
     method, compute per step (the slowest rank's, under the contention of this machine),
     and this library's hooks next to PyTorch's."""
     r = load(path)
-    lines = [f"{r['world_size']} nodes x {r['ranks_per_node']} rank, {r['bandwidth_mbps']:g} "
-             f"Mbit/s per node ({r['topology']}); calibrated latency "
-             f"{r['latency_us_calibrated']:.0f} us per message{hosts(r)}{contention(r)}", "",
+    lines = [f"{setting(r)}; calibrated latency {r['latency_us_calibrated']:.0f} us per "
+             f"message{hosts(r)}{contention(r)}", "",
              "| method | step ms (rounds) | measured speedup | projected speedup | error | "
              "compute ms | KB/step |", "|---|---|---|---|---|---|---|"]
     for row in r["runs"]:
@@ -113,9 +119,7 @@ def render_tta(path: Path | str) -> str:
               f"`{ref['method']}`'s final {ref['final_accuracy']:.4f} after "
               f"{ref['steps']} steps, unshaped)" if ref else
               f"{r['target_accuracy']:.4f} (given)")
-    lines = [f"{r['world_size']} nodes x {r['ranks_per_node']} rank, {r['bandwidth_mbps']:g} "
-             f"Mbit/s per node ({r['topology']}); target test accuracy {target}"
-             f"{contention(r)}", "",
+    lines = [f"{setting(r)}; target test accuracy {target}{contention(r)}", "",
              "| method | reached | steps | time to target s | speedup | final accuracy | "
              "step ms | KB/step |", "|---|---|---|---|---|---|---|---|"]
     for row in r["runs"]:
@@ -260,9 +264,7 @@ def plot_crossover(paths: Sequence[Path | str], out: Path | str) -> dict[str, An
     ax.set_title(f"Allgather sparsifiers against allreduce methods, "
                  f"{data['bandwidth_mbps']:g} Mbit/s per node")
     ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save_figure(fig, out)
     return data
 
 

@@ -77,7 +77,7 @@ from gracecomm.experiments.cluster import (
     check_size,
     sigterm_as_exit,
 )
-from gracecomm.experiments.report import Run, read_run
+from gracecomm.experiments.report import Run, read_run, save_figure
 from gracecomm.network import COLLECTIVE_KEYS, OVERHEAD_KEYS, TCP_OVER_ETHERNET, Network
 from gracecomm.validation import ConfigError, check_choice, check_range
 
@@ -599,9 +599,7 @@ def plot_accuracy(result: dict[str, Any], path: Path) -> None:
     ax.set_title(f"{where}: {result['world_size']} x {result['ranks_per_node']} rank(s), "
                  f"{result['bandwidth_mbps']:g} Mbit/s")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 JSON_KEYS = ("method", "step_s", "dense_step_s", "measured_speedup", "projected_speedup")

@@ -343,6 +343,15 @@ def plot_labels(runs: Sequence[Run]) -> list[str]:
     return labels
 
 
+def save_figure(fig: Any, path: Path | str) -> None:
+    """Write a matplotlib figure as the reports' PNGs are written (120 dpi, tight) and
+    close it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
 def plot_all(plt: Any, runs: Sequence[Run], table: Table, out: Path) -> list[Path]:
     """Write every plot that the runs have data for; return their paths."""
     labels = plot_labels(runs)
@@ -352,8 +361,7 @@ def plot_all(plt: Any, runs: Sequence[Run], table: Table, out: Path) -> list[Pat
 
     def save(fig: Any, name: str) -> None:
         paths.append(out / f"{name}.png")
-        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
-        plt.close(fig)
+        save_figure(fig, paths[-1])
 
     metric = table.metrics[0]
     scored = [(i, r) for i, r in enumerate(runs) if r.summary.get(metric) is not None

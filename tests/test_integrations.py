@@ -319,15 +319,6 @@ def test_accelerate_after_prepare(tmp_path):
     assert not torch.equal(trained(tmp_path, "resume_without_state"), topk)
 
 
-@pytest.mark.slow
-def test_accelerate_with_one_process_says_how_to_start_several(tmp_path):
-    pytest.importorskip("accelerate")
-    launch("accelerate_run.py", tmp_path, "one_process", processes=1)
-    run = result(tmp_path, "one_process")
-    assert "Accelerate did not wrap the model in DistributedDataParallel" in run["error"]
-    assert "--multi_gpu" in run["error"] and torch.equal(run["params"], run["initial"])
-
-
 # -- the Hugging Face Trainer ------------------------------------------------------------
 
 @pytest.mark.slow
@@ -350,9 +341,13 @@ def test_hf_trainer_subclass(tmp_path):
 
 
 @pytest.mark.slow
-def test_hf_trainer_with_one_process_says_how_to_start_several(tmp_path):
-    pytest.importorskip("transformers")
-    launch("hf_run.py", tmp_path, "one_process", processes=1)
+@pytest.mark.parametrize(("package", "script", "who", "how"), [
+    ("accelerate", "accelerate_run.py", "Accelerate", "--multi_gpu"),
+    ("transformers", "hf_run.py", "Trainer", "torchrun")])
+def test_one_process_says_how_to_start_several(tmp_path, package, script, who, how):
+    """Without a launcher the framework wraps nothing: refused before any update."""
+    pytest.importorskip(package)
+    launch(script, tmp_path, "one_process", processes=1)
     run = result(tmp_path, "one_process")
-    assert "Trainer did not wrap the model in DistributedDataParallel" in run["error"]
-    assert "torchrun" in run["error"] and torch.equal(run["params"], run["initial"])
+    assert f"{who} did not wrap the model in DistributedDataParallel" in run["error"]
+    assert how in run["error"] and torch.equal(run["params"], run["initial"])

@@ -10,11 +10,11 @@ parameters, the losses, the error raised (if any) and the logged figures.
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from scenarios import main  # tests/frameworks/, the script's folder
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import DataLoader, TensorDataset
@@ -88,6 +88,4 @@ def run(out: Path, name: str) -> None:
 
 
 if __name__ == "__main__":
-    folder = Path(sys.argv[1])
-    for scenario in sys.argv[2:]:
-        run(folder, scenario)
+    main(run)

@@ -10,11 +10,11 @@ its log history and the error raised (if any).
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from scenarios import main  # tests/frameworks/, the script's folder
 from torch import nn
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
@@ -98,6 +98,4 @@ def run(out: Path, name: str) -> None:
 
 
 if __name__ == "__main__":
-    folder = Path(sys.argv[1])
-    for scenario in sys.argv[2:]:
-        run(folder, scenario)
+    main(run)

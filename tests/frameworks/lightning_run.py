@@ -9,13 +9,13 @@ the fit raised (if any) and the compression state.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
+from scenarios import main  # tests/frameworks/, the script's folder
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import DataLoader, TensorDataset
@@ -126,6 +126,4 @@ def run(out: Path, name: str) -> None:
 
 
 if __name__ == "__main__":
-    folder = Path(sys.argv[1])
-    for scenario in sys.argv[2:]:
-        run(folder, scenario)
+    main(run)
