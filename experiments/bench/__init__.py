@@ -29,9 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gracecomm.buffers import release_recycled
+from gracecomm.validation import ConfigError
 
 Record = dict[str, Any]
 SuiteFn = Callable[[DictConfig], list[Record]]
@@ -55,6 +56,22 @@ def suite(name: str, options: tuple[str, ...] = (),
         return fn
 
     return decorator
+
+
+def suite_options(cfg: DictConfig, name: str,
+                  defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A suite's own options (``<name>.*`` of bench.yaml or the command line) as a dict,
+    over `defaults`; with `defaults`, an option they do not list is refused."""
+    given = cfg.get(name)
+    options = OmegaConf.to_container(given, resolve=True) if given is not None else {}
+    assert isinstance(options, dict)
+    if defaults is None:
+        return options
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise ConfigError(f"bench: unknown option(s) {unknown} of suite '{name}'; allowed: "
+                          f"{', '.join(defaults)}")
+    return {**defaults, **options}
 
 
 class PeakMemory:

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from gracecomm.experiments.bench import Record, suite
+from gracecomm.experiments.bench import Record, suite, suite_options
 from gracecomm.experiments.bench.compressors import synthetic
 from gracecomm.experiments.bench.deepreduce import threads
 from gracecomm.registry import COMPRESSORS
@@ -125,9 +125,7 @@ def compare(label: str, ours: Any, theirs: Any, tensor: torch.Tensor, rounds: in
 
 @suite("grace_reference")
 def run(cfg: DictConfig) -> list[Record]:
-    node = cfg.get("grace_reference")
-    opts = OmegaConf.to_container(node, resolve=True) if node is not None else {}
-    assert isinstance(opts, dict)
+    opts = suite_options(cfg, "grace_reference")
     build, why = grace_factory(opts.get("path", os.environ.get("GRACE_PATH")))
     if build is None:
         print(f"grace_reference: skipped, {why}", flush=True)

@@ -47,12 +47,11 @@ from torch.nn.parallel import DistributedDataParallel
 from gracecomm.config import instantiate
 from gracecomm.ddp import register_comm_hook
 from gracecomm.experiments import presets
-from gracecomm.experiments.bench import Record, suite
+from gracecomm.experiments.bench import Record, suite, suite_options
 from gracecomm.experiments.launch import spawn
 from gracecomm.experiments.tasks import make_task
 from gracecomm.experiments.torch_hooks import register_torch_hook
 from gracecomm.experiments.train import CONFIG_DIR, build_grace, compose_config, exchange_mode
-from gracecomm.validation import ConfigError
 
 DEFAULTS = {"methods": ["ddp", "dense", "fp16", "torch_fp16", "topk", "powersgd",
                         "powersgd_parity", "torch_powersgd"],
@@ -117,12 +116,7 @@ def _worker(rank: int, world_size: int, runs: list[tuple[str, list[str]]],
 
 @suite("hook")
 def run(cfg: DictConfig) -> list[Record]:
-    given = cfg.get("hook")
-    options = {**DEFAULTS, **(OmegaConf.to_container(given, resolve=True) if given else {})}
-    unknown = sorted(set(options) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"bench: unknown option(s) {unknown} of suite 'hook'; allowed: "
-                          f"{', '.join(DEFAULTS)}")
+    options = suite_options(cfg, "hook", DEFAULTS)
     base = options["overrides"]
     runs = plan([str(m) for m in options["methods"]],
                 None if base is None else [str(o) for o in base])

@@ -37,10 +37,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from gracecomm import build
 from gracecomm.config import instantiate
-from gracecomm.experiments.bench import Record, suite
+from gracecomm.experiments.bench import Record, suite, suite_options
 from gracecomm.experiments.launch import spawn
 from gracecomm.experiments.train import CONFIG_DIR
-from gracecomm.validation import ConfigError
 
 DEFAULTS = {"methods": ["none", "fp16", "topk", "topk:broadcast", "topk:parameter_server",
                         "qsgd", "terngrad"],
@@ -106,12 +105,7 @@ def _worker(rank: int, world_size: int, options: dict[str, Any], out: str) -> No
 
 @suite("integrity", columns=("method", "with_ms", "without_ms", "check_ms", "ratio", "ab_ms"))
 def run(cfg: DictConfig) -> list[Record]:
-    given = cfg.get("integrity")
-    options = {**DEFAULTS, **(OmegaConf.to_container(given, resolve=True) if given else {})}
-    unknown = sorted(set(options) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"bench: unknown option(s) {unknown} of suite 'integrity'; "
-                          f"allowed: {', '.join(DEFAULTS)}")
+    options = suite_options(cfg, "integrity", DEFAULTS)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "medians.json")
         spawn(_worker, 2, options, out, timeout_s=float(options["timeout_s"]))

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import gracecomm
 from gracecomm.config import instantiate
-from gracecomm.experiments.bench import Record, suite
+from gracecomm.experiments.bench import Record, suite, suite_options
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 DEFAULTS = {"models": ["resnet20"], "ratio": 0.01, "index_coding": {}}
@@ -62,8 +62,7 @@ def methods(ratio: float, index_coding: Mapping[str, Any]) -> dict[str, dict[str
 
 @suite("lgc")
 def run(cfg: DictConfig) -> list[Record]:
-    given = cfg.get("lgc")
-    options = {**DEFAULTS, **(OmegaConf.to_container(given, resolve=True) if given else {})}
+    options = suite_options(cfg, "lgc", DEFAULTS)
     torch.manual_seed(int(cfg.seed))
     records = []
     for model_name in options["models"]:

@@ -18,7 +18,7 @@ import math
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from gracecomm.experiments.bench import Record, suite
+from gracecomm.experiments.bench import Record, suite, suite_options
 from gracecomm.experiments.bench.compressors import measure, method_instances, synthetic
 from gracecomm.experiments.timing import best_of
 
@@ -39,9 +39,7 @@ def matrix_view(tensor: torch.Tensor) -> torch.Tensor:
 
 @suite("quantizers")
 def run(cfg: DictConfig) -> list[Record]:
-    node = cfg.get("quantizers")
-    opts = OmegaConf.to_container(node, resolve=True) if node is not None else {}
-    assert isinstance(opts, dict)
+    opts = suite_options(cfg, "quantizers")
     methods = opts.get("methods", DEFAULT_METHODS)
     repeats = int(opts.get("repeats", cfg.repeats))
     records: list[Record] = []

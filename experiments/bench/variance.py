@@ -21,9 +21,9 @@ import math
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from gracecomm.experiments.bench import Record, suite
+from gracecomm.experiments.bench import Record, suite, suite_options
 from gracecomm.metrics import Metrics
 from gracecomm.registry import COMPRESSORS
 
@@ -80,9 +80,7 @@ def moments(compressor: Any, x: torch.Tensor, draws: int) -> tuple[float, float,
 
 @suite("variance")
 def run(cfg: DictConfig) -> list[Record]:
-    node = cfg.get("variance")
-    opts = OmegaConf.to_container(node, resolve=True) if node is not None else {}
-    assert isinstance(opts, dict)
+    opts = suite_options(cfg, "variance")
     numel, draws = int(opts.get("numel", 100_000)), int(opts.get("draws", 100))
     gaussian = torch.randn(numel, generator=torch.Generator().manual_seed(int(cfg.seed)))
     inputs = [("gaussian", gaussian)]
