@@ -43,6 +43,24 @@ def saved(tmp_path_factory) -> Path:
                "trainer.checkpoint_every=10")
 
 
+@pytest.fixture
+def folder(saved: Path, tmp_path: Path) -> Path:
+    """A copy of the step-10 checkpoint that a test may change."""
+    copy = tmp_path / "copy"
+    shutil.copytree(saved, copy)
+    return copy
+
+
+def save_step_12(folder: Path) -> None:
+    """Save step 12 into `folder` from its step-10 state (a tiny model: the files' content
+    does not matter to the tests that fail it)."""
+    state = torch.load(folder / "rank0-step10.pt", weights_only=True)
+    model = torch.nn.Linear(2, 2)
+    checkpoint.save(folder, 0, 1, checkpoint.Position(12, 0, 12), model,
+                    torch.optim.SGD(model.parameters(), lr=0.1), state["grace"],
+                    state["totals"], "f")
+
+
 def refused(saved: Path, *overrides: str) -> str:
     with pytest.raises(ConfigError) as info:
         validate(compose_config(*BASE, f"trainer.resume={saved}", "trainer.max_steps=12",
@@ -75,9 +93,7 @@ def test_only_data_settings_may_be_allowed_to_change(saved):
     assert "'compressor', which cannot change on resume" in message
 
 
-def test_an_allowed_data_change_continues_at_the_next_epoch(saved, tmp_path):
-    folder = tmp_path / "copy"
-    shutil.copytree(saved, folder)
+def test_an_allowed_data_change_continues_at_the_next_epoch(folder, tmp_path):
     cfg = compose_config(*BASE, f"trainer.resume={folder}", "trainer.batch_size=16",
                          "trainer.resume_changes=[trainer.batch_size]", "trainer.max_steps=12")
     validate(cfg)
@@ -90,9 +106,7 @@ def test_an_allowed_data_change_continues_at_the_next_epoch(saved, tmp_path):
     assert epochs == [1, 1], epochs  # steps 11 and 12, in the next epoch
 
 
-def test_a_new_learning_rate_is_applied_and_recorded(saved, tmp_path, capsys):
-    folder = tmp_path / "copy"
-    shutil.copytree(saved, folder)
+def test_a_new_learning_rate_is_applied_and_recorded(folder, tmp_path, capsys):
     cfg = compose_config(*BASE, f"trainer.resume={folder}", "trainer.lr=0.01",
                          "trainer.max_steps=12", "trainer.checkpoint_every=12",
                          f"trainer.checkpoint_dir={folder}")
@@ -107,9 +121,7 @@ def test_a_new_learning_rate_is_applied_and_recorded(saved, tmp_path, capsys):
     assert [g["lr"] for g in state["optimizer"]["param_groups"]] == [0.01]
 
 
-def test_the_same_settings_resume(saved, tmp_path):
-    folder = tmp_path / "copy"
-    shutil.copytree(saved, folder)
+def test_the_same_settings_resume(folder):
     cfg = compose_config(*BASE, f"trainer.resume={folder}", "trainer.max_steps=12")
     validate(cfg)
 
@@ -124,9 +136,7 @@ def test_the_same_settings_resume(saved, tmp_path):
     (lambda m: m["ranks"][0].update(sha256=None), ["'ranks'"]),
     (lambda m: m.update(version=2), ["format 2", "format 3"]),
 ])
-def test_a_malformed_manifest_is_a_clear_error(saved, tmp_path, edit, words):
-    folder = tmp_path / "copy"
-    shutil.copytree(saved, folder)
+def test_a_malformed_manifest_is_a_clear_error(folder, edit, words):
     manifest = json.loads((folder / "manifest.json").read_text())
     edit(manifest)
     (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -145,33 +155,23 @@ def test_a_manifest_that_is_not_one_is_a_clear_error(tmp_path, text):
 
 # -- failed writes, shared directories -----------------------------------------------------
 
-def test_a_full_disk_leaves_no_file_behind(saved, tmp_path, monkeypatch):
-    folder = tmp_path / "copy"
-    shutil.copytree(saved, folder)
+def test_a_full_disk_leaves_no_file_behind(folder, monkeypatch):
     before = sorted(p.name for p in folder.iterdir())
-    state = torch.load(folder / "rank0-step10.pt", weights_only=True)
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(OSError, match="No space left on device") as info:
-        checkpoint.save(folder, 0, 1, checkpoint.Position(12, 0, 12), model, optimizer,
-                        state["grace"], state["totals"], "f")
+        save_step_12(folder)
     assert "rank0-step12.pt" in str(info.value) and "intact" in str(info.value)
     assert sorted(p.name for p in folder.iterdir()) == before  # no .tmp, no unlisted file
     monkeypatch.undo()
     assert checkpoint.manifest(folder, 1)["step"] == 10
 
 
-def test_a_full_disk_at_the_manifest_removes_the_new_file(saved, tmp_path, monkeypatch):
-    folder = tmp_path / "copy"
-    shutil.copytree(saved, folder)
+def test_a_full_disk_at_the_manifest_removes_the_new_file(folder, monkeypatch):
     before = sorted(p.name for p in folder.iterdir())
-    state = torch.load(folder / "rank0-step10.pt", weights_only=True)
-    model = torch.nn.Linear(2, 2)
     write = checkpoint._write_atomically
 
     def full_at_manifest(path: Path, data: bytes) -> None:
@@ -181,9 +181,7 @@ def test_a_full_disk_at_the_manifest_removes_the_new_file(saved, tmp_path, monke
 
     monkeypatch.setattr(checkpoint, "_write_atomically", full_at_manifest)
     with pytest.raises(OSError):
-        checkpoint.save(folder, 0, 1, checkpoint.Position(12, 0, 12), model,
-                        torch.optim.SGD(model.parameters(), lr=0.1), state["grace"],
-                        state["totals"], "f")
+        save_step_12(folder)
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
@@ -196,9 +194,7 @@ def test_a_checkpoint_directory_in_use_is_locked(tmp_path):
                 pass
 
 
-def test_a_checkpoint_directory_of_another_run_is_refused(saved, tmp_path):
-    folder = tmp_path / "copy"
-    shutil.copytree(saved, folder)
+def test_a_checkpoint_directory_of_another_run_is_refused(folder, tmp_path):
     cfg = compose_config(*BASE, "trainer.checkpoint_every=5", f"trainer.checkpoint_dir={folder}")
     with pytest.raises(ConfigError, match="holds the checkpoint of another run"):
         with claim_run(cfg, str(tmp_path / "run")):
