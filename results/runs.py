@@ -7,7 +7,8 @@ estimation quality, the collapse verdict, and optionally per-step series of step
 
 Each record: ``run`` (the run directory's name), every override of the run as its own key
 (``compressor``, ``trainer.lr``, ``seed``, ...; ``+`` dropped), ``metric`` (its name),
-``final``, ``peak`` and ``peak_epoch`` (1-based) of the test metric, ``evals`` (the test
+``final``, ``chance`` (a model that ignores its input), ``peak`` and ``peak_epoch``
+(1-based) of the test metric, ``evals`` (the test
 metric at every evaluation, in order), ``k_hat/k`` (the mean of the steps' ``quality``,
 null without one), ``collapse`` (the summary's message, null unless the run collapsed),
 ``steps``, and with ``--series KEY`` the list ``KEY`` of every step's value.
@@ -44,7 +45,7 @@ def record(run: Run, series: list[str]) -> dict[str, Any]:
     peak = best(evals) if evals else None
     collapse = run.summary.get("collapse")
     out = {"run": run.path.name, **overrides(run.path), "metric": metric,
-           "final": run.summary.get(metric), "peak": peak,
+           "final": run.summary.get(metric), "chance": run.summary.get("chance"), "peak": peak,
            "peak_epoch": evals.index(peak) + 1 if evals else None, "evals": evals,
            "k_hat/k": run.step_mean("quality"),
            "collapse": collapse["message"] if collapse else None,
