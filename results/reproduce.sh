@@ -102,9 +102,15 @@ for step in "${steps[@]}"; do
         cp "outputs/results/first_run/$run/summary.json" "results/first_run/$run.json"
       done ;;
     lgc_default)  # LGC-RAR on the default experiment with short phases (docs/methods.md)
-      train_into lgc_default compressor=lgc_rar compressor.ratio=0.01,0.001 \
-        compressor.warmup_iters=50 compressor.ae_train_iters=100 seed=0,1
-      runs_of runs "$OUT/lgc_default" ;;
+      lgc=(compressor=lgc_rar compressor.warmup_iters=50 compressor.ae_train_iters=100)
+      train_into lgc_default "${lgc[@]}" compressor.ratio=0.01 seed=0,1
+      train_into lgc_default_alpha "${lgc[@]}" compressor.ratio=0.001
+      runs_of runs "$OUT/lgc_default" "$OUT/lgc_default_alpha"
+      # at ratio 0.001, seed 1 stops with a non-finite reconstruction: its error, as printed
+      rm -rf outputs/results/lgc_default/alpha_seed1
+      run gracecomm-train trainer.progress=false "${lgc[@]}" compressor.ratio=0.001 seed=1 \
+        hydra.run.dir=outputs/results/lgc_default/alpha_seed1 \
+        2> results/lgc_default/alpha_seed1.txt || true ;;
     training_defaults)  # the sweeps behind the compressors' training defaults, on the default
                         # experiment and on grace_benchmark (docs/experiments.md)
       train_into signsgd_lr compressor=signsgd trainer.lr=0.05,0.002,0.001,0.0005 seed=0,1,2
