@@ -20,7 +20,7 @@ OUT=multirun/results
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
   sparse_model every_method first_run lgc_default training_defaults sidco_escape \
-  lgc_bound_resnet20 bench_sidco bench_sidco_resnet20 sidco_bound bench_receive \
+  lgc_bound_resnet20 bench_quality_residual bench_sidco bench_sidco_resnet20 sidco_bound bench_receive \
   bench_quantizers bench_deepreduce bench_fig10 natural_table1 variance grace_reference \
   powersgd_vs_torch hook long_run netbench bench_lgc lgc_phase3 netbench_lgc bench_quality \
   bench_step bench_buffers \
@@ -137,17 +137,20 @@ for step in "${steps[@]}"; do
       run gracecomm-train trainer.progress=false compressor=randomk trainer.momentum=0.9 \
         trainer.lr=0.05 hydra.run.dir=outputs/results/training_defaults/randomk_diverges \
         2> results/training_defaults/randomk_diverges.txt || true ;;
-    sidco_escape)  # SIDCo-GP's stage adaptation on the LSTM, world of one, with and without
-                   # adapt.escape: k_hat/k per step (docs/sparsifiers.md)
+    sidco_escape)  # SIDCo's stage adaptation on the LSTM, world of one, 2 epochs: k_hat/k per
+                   # step with M starting at 1 and from a sample (stages=auto, the default),
+                   # with and without adapt.escape (docs/sparsifiers.md)
+      escape=(+experiment=sidco trainer.world_size=1 trainer.epochs=2)
       for method in sidco_gp sidco_gamma_gp; do
-        train_one "${method}_rule" +experiment=sidco "+method=$method" trainer.world_size=1 \
-          trainer.epochs=2 compressor.adapt.escape=false
-        train_one "${method}_escape" +experiment=sidco "+method=$method" trainer.world_size=1 \
-          trainer.epochs=2
+        train_one "${method}_m1_rule" "${escape[@]}" "+method=$method" compressor.stages=1 \
+          compressor.adapt.escape=false
+        train_one "${method}_m1_escape" "${escape[@]}" "+method=$method" compressor.stages=1
+        train_one "${method}_auto_rule" "${escape[@]}" "+method=$method" \
+          compressor.adapt.escape=false
       done
-      train_one sidco_gp_count_corrected +experiment=sidco +method=sidco_gp trainer.world_size=1 \
-        trainer.epochs=2 compressor.adapt.escape=false compressor.stage_ratio=count_corrected
-      train_one sidco_e +experiment=sidco +method=sidco_e trainer.world_size=1 trainer.epochs=2
+      train_one sidco_gp_m1_count_corrected "${escape[@]}" +method=sidco_gp compressor.stages=1 \
+        compressor.adapt.escape=false compressor.stage_ratio=count_corrected
+      train_one sidco_e_m1 "${escape[@]}" +method=sidco_e compressor.stages=1
       runs_of runs outputs/results/sidco_escape --series quality ;;
     lgc_bound_resnet20)  # the LGC bound on ResNet-20, a network with batch normalisation
       run python results/lgc_bound.py model=resnet20 data.noise=4 | tee results/lgc_bound_resnet20/bound.md ;;
@@ -224,6 +227,12 @@ for step in "${steps[@]}"; do
         bandwidth_mbps=10 steps=20 "$lgc" ;;
     bench_quality)  # the threshold sparsifiers' estimation quality: the bench's defaults
       store bench gracecomm-bench ;;
+    bench_quality_residual)  # SIDCo's quality on Top-k's error-feedback accumulator of
+                             # ResNet-20 early in training, still drifting (docs/sparsifiers.md)
+      store bench gracecomm-bench capture.residual_ratio=0.001 distributions=[] ratios=[0.001] \
+        sizes=[2621440] peak_memory=false repeats=1 \
+        'methods=[{name: sidco, label: sidco_e}, {name: sidco, label: sidco_gp, variant: sidco_gp}, {name: sidco, label: sidco_gamma_gp, variant: sidco_gamma_gp}, {name: sidco, label: sidco_e M=5, stages: 5, adapt: {rule: "off"}}, {name: sidco, label: sidco_gp M=5, variant: sidco_gp, stages: 5, adapt: {rule: "off"}}, {name: sidco, label: sidco_gamma_gp M=5, variant: sidco_gamma_gp, stages: 5, adapt: {rule: "off"}}]' \
+        'columns=[method,quality_first,quality,quality_p5,quality_p95,stages]' ;;
     bench_step)  # timing: one whole pipeline step at 26M elements, world of one; two runs
       for i in 1 2; do
         store "run$i" OMP_NUM_THREADS=1 gracecomm-bench \
