@@ -132,11 +132,11 @@ for step in "${steps[@]}"; do
           randomk_ratio randomk_long default_ratio sign_resnet20 ef_resnet20; do
         runs_of "$sweep" "$OUT/$sweep"
       done
-      # Random-k with momentum 0.9 at lr 0.05 diverges: its one-line error, as printed
-      rm -rf outputs/results/training_defaults/randomk_diverges
+      # Random-k with momentum 0.9 at lr 0.05 fails (a collapse): its error, as printed
+      rm -rf outputs/results/training_defaults/randomk_momentum_lr005
       run gracecomm-train trainer.progress=false compressor=randomk trainer.momentum=0.9 \
-        trainer.lr=0.05 hydra.run.dir=outputs/results/training_defaults/randomk_diverges \
-        2> results/training_defaults/randomk_diverges.txt || true ;;
+        trainer.lr=0.05 hydra.run.dir=outputs/results/training_defaults/randomk_momentum_lr005 \
+        2> results/training_defaults/randomk_momentum_lr005.txt || true ;;
     sidco_escape)  # SIDCo's stage adaptation on the LSTM, world of one, 2 epochs: k_hat/k per
                    # step with M starting at 1 and from a sample (stages=auto, the default),
                    # with and without adapt.escape (docs/sparsifiers.md)
