@@ -265,10 +265,10 @@ def sparse_zeros(ctx: Context) -> str:
 def grid(ctx: Context, step: str, name: str, rows: str, columns: str) -> str:
     """The final test metric of a sweep's runs (results/runs.py's records in
     results/STEP/NAME.json), one row per value of the override `rows`, one column per
-    combination of the overrides `columns` (comma-separated); a run that collapsed says so,
-    and a combination the sweep did not run is '-'."""
+    combination of the overrides `columns` (comma-separated; '-': one column); a run that
+    collapsed says so, and a combination the sweep did not run is '-'."""
     runs = ctx.step(step).json(f"{name}.json")
-    keys = columns.split(",")
+    keys = [] if columns == "-" else columns.split(",")
 
     def label(run: dict) -> tuple:
         return tuple(run.get(k) for k in keys)
@@ -283,8 +283,23 @@ def grid(ctx: Context, step: str, name: str, rows: str, columns: str) -> str:
             cells.append("-" if run is None else f"{run['final']:.3f}"
                          + (" (collapsed)" if run["collapse"] else ""))
         body.append([f"{value:g}" if isinstance(value, float) else str(value), *cells])
-    return ctx.table([rows, *(", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
-                                        for k, v in zip(keys, col)) for col in cols)], body)
+    heads = [", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                       for k, v in zip(keys, col)) or runs[0]["metric"] for col in cols]
+    return ctx.table([rows, *heads], body)
+
+
+def series_blocks(ctx: Context, step: str, name: str, field: str, size: str) -> str:
+    """For every run of results/STEP/NAME.json (results/runs.py's records with the per-step
+    series `field`): the means of `field` over consecutive blocks of `size` steps (the last
+    may be shorter), and its mean over the run."""
+    n, body = int(size), []
+    for run in ctx.step(step).json(f"{name}.json"):
+        series = [x for x in run[field] if x is not None]
+        parts = [series[i:i + n] for i in range(0, len(series), n)]
+        body.append([run["run"], " ".join(f"{fmean(p):.2f}" for p in parts),
+                     f"{fmean(series):.2f}"])
+    return ctx.table(["run", f"{field}, means over blocks of {n} steps",
+                      f"{field}, mean over the run"], body)
 
 
 def stored(step: str, name: str, code: bool = False) -> Callable[[Context], str]:
@@ -310,6 +325,7 @@ RENDERERS = {
     "every_method": every_method,
     "summary": summary,
     "grid": grid,
+    "series_blocks": series_blocks,
     "sparse_zeros": sparse_zeros,
     "long_run_memory": stored("long_run", "memory.md"),
     "lgc_phases": stored("lgc", "phases.md"),

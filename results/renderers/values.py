@@ -6,7 +6,6 @@
     <!-- render: pick STEP FILE REGEX --><!-- /render -->
     <!-- render: stamp STEP --><!-- /render -->
     <!-- render: held_from STEP FILE LIMIT [KEY=VALUE ...] --><!-- /render -->
-    <!-- render: blocks STEP FILE FIELD SIZE FORMAT [KEY=VALUE ...] --><!-- /render -->
 
 FILE is a stored output of the step: a JSON list of records (or an object whose ``runs`` are
 the records, or one record), a CSV file, or ``NAME.md#N``, the N-th Markdown table of a
@@ -18,10 +17,9 @@ FIELD may carry a factor (``compress_s*1000``) or pick the i-th number of a prin
 (``'recon first20 -> last50[1]'``); FORMAT is a Python format string
 (``'{:.1f}'``, ``'{:.0%}'``). ``target`` says ``met`` or ``missed``: whether the one selected
 value is ``<=`` or ``>=`` LIMIT, or ``within`` LOW..HIGH. ``pick`` gives the first group of a
-regular expression in a printed output, as printed. ``held_from`` and ``blocks`` read the
-records of training runs (results/runs.py): the 1-based epoch from which every evaluation of
-the one selected run is at least LIMIT, and the means of a per-step series FIELD over
-consecutive blocks of SIZE steps (the last block may be shorter), separated by spaces.
+regular expression in a printed output, as printed. ``held_from`` reads the records of
+training runs (results/runs.py): the 1-based epoch from which every evaluation of the one
+selected run is at least LIMIT.
 """
 
 from __future__ import annotations
@@ -147,15 +145,6 @@ def held_from(ctx: Context, step: str, name: str, limit: str, *filters: str) -> 
     return str(first + 1)
 
 
-def blocks(ctx: Context, step: str, name: str, field: str, size: str, fmt: str,
-           *filters: str) -> str:
-    """Means of the run's per-step series `field` over consecutive blocks of `size` steps."""
-    series = [x for x in only(ctx, step, name, filters)[field] if x is not None]
-    n = int(size)
-    return " ".join(fmt.format(sum(part) / len(part))
-                    for part in (series[i:i + n] for i in range(0, len(series), n)))
-
-
 def stamp(ctx: Context, step: str) -> str:
     """The step's stamp as a sentence, with the note an older stamp carries."""
     note = ctx.step(step).stamp.get("note")
@@ -164,4 +153,4 @@ def stamp(ctx: Context, step: str) -> str:
 
 
 RENDERERS = {"value": value, "range": span, "target": target, "pick": pick, "stamp": stamp,
-             "held_from": held_from, "blocks": blocks}
+             "held_from": held_from}
