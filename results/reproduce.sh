@@ -141,6 +141,7 @@ for step in "${steps[@]}"; do
                    # step with M starting at 1 and from a sample (stages=auto, the default),
                    # with and without adapt.escape (docs/sparsifiers.md)
       escape=(+experiment=sidco trainer.world_size=1 trainer.epochs=2)
+      rm -rf outputs/results/sidco_escape  # runs_of below reads every run in it
       for method in sidco_gp sidco_gamma_gp; do
         train_one "${method}_m1_rule" "${escape[@]}" "+method=$method" compressor.stages=1 \
           compressor.adapt.escape=false
