@@ -229,10 +229,11 @@ for step in "${steps[@]}"; do
     bench_quality)  # the threshold sparsifiers' estimation quality: the bench's defaults
       store bench gracecomm-bench ;;
     bench_quality_residual)  # SIDCo's quality on Top-k's error-feedback accumulator of
-                             # ResNet-20 early in training, still drifting (docs/sparsifiers.md)
+                             # ResNet-20 early in training, still drifting (docs/sparsifiers.md):
+                             # M adapted from a sample (auto) and from 1, and M fixed at 5
       store bench gracecomm-bench capture.residual_ratio=0.001 distributions=[] ratios=[0.001] \
         sizes=[2621440] peak_memory=false repeats=1 \
-        'methods=[{name: sidco, label: sidco_e_adapted}, {name: sidco, label: sidco_gp_adapted, variant: sidco_gp}, {name: sidco, label: sidco_gamma_gp_adapted, variant: sidco_gamma_gp}, {name: sidco, label: sidco_e_m5, stages: 5, adapt: {rule: "off"}}, {name: sidco, label: sidco_gp_m5, variant: sidco_gp, stages: 5, adapt: {rule: "off"}}, {name: sidco, label: sidco_gamma_gp_m5, variant: sidco_gamma_gp, stages: 5, adapt: {rule: "off"}}]' \
+        'methods=[{name: sidco, label: sidco_e_adapted}, {name: sidco, label: sidco_gp_adapted, variant: sidco_gp}, {name: sidco, label: sidco_gamma_gp_adapted, variant: sidco_gamma_gp}, {name: sidco, label: sidco_e_from1, stages: 1}, {name: sidco, label: sidco_gp_from1, variant: sidco_gp, stages: 1}, {name: sidco, label: sidco_gamma_gp_from1, variant: sidco_gamma_gp, stages: 1}, {name: sidco, label: sidco_e_m5, stages: 5, adapt: {rule: "off"}}, {name: sidco, label: sidco_gp_m5, variant: sidco_gp, stages: 5, adapt: {rule: "off"}}, {name: sidco, label: sidco_gamma_gp_m5, variant: sidco_gamma_gp, stages: 5, adapt: {rule: "off"}}]' \
         'columns=[method,quality_first,quality,quality_p5,quality_p95,stages]' ;;
     bench_step)  # timing: one whole pipeline step at 26M elements, world of one; two runs
       for i in 1 2; do
