@@ -24,11 +24,10 @@ class _Recycler:
     back to the system when freed. Decompressing and aggregating allocate outputs of the
     same sizes every step, and memories replace their state, so the buffers of dropped
     tensors are kept (up to `RECYCLED_KEPT` bytes, the least recently dropped given back to
-    the system first) and lent again. On the project's test
-    machine, a 26M-element float32 tensor, `gracecomm-bench
-    'methods=[topk,natural,signsgd]' sizes=[26214400] ratios=[0.01] gradients=[]
-    distributions=[laplace] peak_memory=false repeats=7 'columns=[method,decompress_s]'`:
-    decompression took 5.5, 7.9 and 7.0 ms on fresh buffers, 2.3, 4.3 and 3.2 recycled.
+    the system first) and lent again. `bash results/reproduce.sh bench_buffers` times
+    decompression at 26M elements into recycled buffers and into fresh ones
+    (`results/fresh_buffers.py`: the bench with `RECYCLED_KEPT = 0`), stored in
+    `results/bench_buffers/` and shown in docs/benchmarks.md.
 
     A buffer counts as dropped when the numpy view lent for it is collected: torch's tensor
     on it (and every tensor viewing that tensor) holds that view, and nothing else gets

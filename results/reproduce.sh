@@ -19,9 +19,11 @@ fi
 OUT=multirun/results
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(grace_benchmark sidco natural deepreduce deepreduce_fpr lgc \
-  sparse_model every_method bench_sidco bench_sidco_resnet20 sidco_bound bench_receive \
+  sparse_model every_method first_run lgc_default training_defaults sidco_escape \
+  lgc_bound_resnet20 bench_quality_residual bench_sidco bench_sidco_resnet20 sidco_bound bench_receive \
   bench_quantizers bench_deepreduce bench_fig10 natural_table1 variance grace_reference \
   powersgd_vs_torch hook long_run netbench bench_lgc lgc_phase3 netbench_lgc bench_quality \
+  bench_step bench_buffers \
   cluster_step cluster_pinning cluster_model cluster_collectives cluster_tta cluster_tta8 \
   cluster_projection)
 
@@ -47,6 +49,18 @@ sweep() {  # sweep NAME [overrides...]: one experiment sweep into $OUT/NAME, rep
   cp "$OUT/$name"/report.{md,csv} "$OUT/$name"/*.png "results/$step/"
 }
 
+train_one() {  # train_one NAME [overrides...]: one run into outputs/results/STEP/NAME
+  local dir="outputs/results/$step/$1"; shift
+  rm -rf "$dir"
+  run gracecomm-train trainer.progress=false "$@" "hydra.run.dir=$dir"
+}
+
+runs_of() {  # runs_of NAME DIR... [--series KEY...]: the runs under these directories as
+             # records (results/runs.py), stored as results/STEP/NAME.json
+  local name=$1; shift
+  run python results/runs.py "$@" > "results/$step/$name.json"
+}
+
 store() {  # store NAME [VAR=VALUE...] CMD ARGS...: one gracecomm-bench or gracecomm-netbench
            # run (in that environment): its table stored as NAME.txt, its records as NAME.json
   local name=$1; shift
@@ -56,7 +70,9 @@ store() {  # store NAME [VAR=VALUE...] CMD ARGS...: one gracecomm-bench or grace
   [ ${#env[@]} -eq 0 ] || cmd=(env "${env[@]}" "${cmd[@]}")
   rm -rf "$dir"
   run "${cmd[@]}" | tee "results/$step/$name.txt"
-  cp "$dir/${1#gracecomm-}.json" "results/$step/$name.json"
+  local records=${1#gracecomm-}
+  [ "$1" = python ] && records=bench  # a script of results/ that runs gracecomm-bench
+  cp "$dir/$records.json" "results/$step/$name.json"
   local png
   for png in "$dir"/*.png; do [ -e "$png" ] && cp "$png" "results/$step/${name}_$(basename "$png")"; done
   return 0
@@ -75,6 +91,70 @@ for step in "${steps[@]}"; do
   fi
   python results/stamp.py begin "$step"
   case $step in
+    first_run)  # the README's first run (the default experiment), the same dense and with a
+                # parameter server, and NCF: their summaries, as the runs print them
+      train_one topk
+      train_one none compressor=none
+      train_one parameter_server communicator=parameter_server
+      train_one ncf compressor=none model=ncf data=implicit_feedback trainer.optimizer=adam \
+        trainer.lr=0.001
+      for run in topk none parameter_server ncf; do
+        cp "outputs/results/first_run/$run/summary.json" "results/first_run/$run.json"
+      done ;;
+    lgc_default)  # LGC-RAR on the default experiment with short phases (docs/methods.md)
+      lgc=(compressor=lgc_rar compressor.warmup_iters=50 compressor.ae_train_iters=100)
+      train_into lgc_default "${lgc[@]}" compressor.ratio=0.01 seed=0,1
+      train_into lgc_default_alpha "${lgc[@]}" compressor.ratio=0.001
+      runs_of runs "$OUT/lgc_default" "$OUT/lgc_default_alpha"
+      # at ratio 0.001, seed 1 stops with a non-finite reconstruction: its error, as printed
+      rm -rf outputs/results/lgc_default/alpha_seed1
+      run gracecomm-train trainer.progress=false "${lgc[@]}" compressor.ratio=0.001 seed=1 \
+        hydra.run.dir=outputs/results/lgc_default/alpha_seed1 \
+        2> results/lgc_default/alpha_seed1.txt || true ;;
+    training_defaults)  # the sweeps behind the compressors' training defaults, on the default
+                        # experiment and on grace_benchmark (docs/experiments.md)
+      train_into signsgd_lr compressor=signsgd trainer.lr=0.05,0.002,0.001,0.0005 seed=0,1,2
+      train_into signum_lr compressor=signum trainer.lr=0.05,0.002,0.001,0.0005 seed=0,1,2
+      train_into ef_lr compressor=efsignsgd,onebit trainer.momentum=0,0.9 \
+        trainer.lr=0.01,0.02,0.05,0.1,0.2
+      train_into ef_seeds compressor=efsignsgd,onebit seed=1,2
+      train_into randomk_lr compressor=randomk trainer.lr=0.01,0.02,0.05,0.1,0.2
+      train_into randomk_seeds compressor=randomk trainer.lr=0.05,0.1 seed=1,2
+      train_into randomk_momentum compressor=randomk trainer.momentum=0.9 trainer.lr=0.005
+      train_into randomk_ratio compressor=randomk compressor.ratio=0.1 trainer.lr=0.05,0.1
+      train_into randomk_long compressor=randomk trainer.lr=0.1 trainer.epochs=60
+      train_into default_ratio compressor=dgc,sidco,redsync,gaussiank,lgc_rar,lgc_ps \
+        compressor.ratio=0.001
+      train_into sign_resnet20 +experiment=grace_benchmark +method=signsgd trainer.lr=0.0005,0.001
+      train_into ef_resnet20 +experiment=grace_benchmark +method=efsignsgd,onebit \
+        trainer.lr=0.01,0.02,0.05
+      for sweep in signsgd_lr signum_lr ef_lr ef_seeds randomk_lr randomk_seeds randomk_momentum \
+          randomk_ratio randomk_long default_ratio sign_resnet20 ef_resnet20; do
+        runs_of "$sweep" "$OUT/$sweep"
+      done
+      # Random-k with momentum 0.9 at lr 0.05 fails (a collapse): its error, as printed
+      rm -rf outputs/results/training_defaults/randomk_momentum_lr005
+      run gracecomm-train trainer.progress=false compressor=randomk trainer.momentum=0.9 \
+        trainer.lr=0.05 hydra.run.dir=outputs/results/training_defaults/randomk_momentum_lr005 \
+        2> results/training_defaults/randomk_momentum_lr005.txt || true ;;
+    sidco_escape)  # SIDCo's stage adaptation on the LSTM, world of one, 2 epochs: k_hat/k per
+                   # step with M starting at 1 and from a sample (stages=auto, the default),
+                   # with and without adapt.escape (docs/sparsifiers.md)
+      escape=(+experiment=sidco trainer.world_size=1 trainer.epochs=2)
+      rm -rf outputs/results/sidco_escape  # runs_of below reads every run in it
+      for method in sidco_gp sidco_gamma_gp; do
+        train_one "${method}_m1_rule" "${escape[@]}" "+method=$method" compressor.stages=1 \
+          compressor.adapt.escape=false
+        train_one "${method}_m1_escape" "${escape[@]}" "+method=$method" compressor.stages=1
+        train_one "${method}_auto_rule" "${escape[@]}" "+method=$method" \
+          compressor.adapt.escape=false
+      done
+      train_one sidco_gp_m1_count_corrected "${escape[@]}" +method=sidco_gp compressor.stages=1 \
+        compressor.adapt.escape=false compressor.stage_ratio=count_corrected
+      train_one sidco_e_m1 "${escape[@]}" +method=sidco_e compressor.stages=1
+      runs_of runs outputs/results/sidco_escape --series quality ;;
+    lgc_bound_resnet20)  # the LGC bound on ResNet-20, a network with batch normalisation
+      run python results/lgc_bound.py model=resnet20 data.noise=4 | tee results/lgc_bound_resnet20/bound.md ;;
     grace_benchmark) sweep grace_benchmark experiment.small.epochs=10 ;;
     sidco) sweep sidco ;;
     natural) sweep natural seed=0,1,2 ;;
@@ -148,6 +228,28 @@ for step in "${steps[@]}"; do
         bandwidth_mbps=10 steps=20 "$lgc" ;;
     bench_quality)  # the threshold sparsifiers' estimation quality: the bench's defaults
       store bench gracecomm-bench ;;
+    bench_quality_residual)  # SIDCo's quality on Top-k's error-feedback accumulator of
+                             # ResNet-20 early in training, still drifting (docs/sparsifiers.md):
+                             # M adapted from a sample (auto) and from 1, and M fixed at 5
+      store bench gracecomm-bench capture.residual_ratio=0.001 distributions=[] ratios=[0.001] \
+        sizes=[2621440] peak_memory=false repeats=1 \
+        'methods=[{name: sidco, label: sidco_e_adapted}, {name: sidco, label: sidco_gp_adapted, variant: sidco_gp}, {name: sidco, label: sidco_gamma_gp_adapted, variant: sidco_gamma_gp}, {name: sidco, label: sidco_e_from1, stages: 1}, {name: sidco, label: sidco_gp_from1, variant: sidco_gp, stages: 1}, {name: sidco, label: sidco_gamma_gp_from1, variant: sidco_gamma_gp, stages: 1}, {name: sidco, label: sidco_e_m5, stages: 5, adapt: {rule: "off"}}, {name: sidco, label: sidco_gp_m5, variant: sidco_gp, stages: 5, adapt: {rule: "off"}}, {name: sidco, label: sidco_gamma_gp_m5, variant: sidco_gamma_gp, stages: 5, adapt: {rule: "off"}}]' \
+        'columns=[method,quality_first,quality,quality_p5,quality_p95,stages]' ;;
+    bench_step)  # timing: one whole pipeline step at 26M elements, world of one; two runs
+      for i in 1 2; do
+        store "run$i" OMP_NUM_THREADS=1 gracecomm-bench \
+          'methods=[topk,dgc,randomk,sidco,signsgd,signum,efsignsgd,onebit,natural,qsgd,terngrad]' \
+          sizes=[26214400] ratios=[0.01] gradients=[] distributions=[laplace] peak_memory=false \
+          repeats=5 'columns=[method,x_read_total,receive_x_read,step_x_read]'
+      done ;;
+    bench_buffers)  # timing: decompression into recycled output buffers and into fresh pages,
+                    # two rounds of each in turn
+      buffers=('methods=[topk,natural,signsgd]' sizes=[26214400] ratios=[0.01] gradients=[] \
+        distributions=[laplace] peak_memory=false repeats=7 'columns=[method,decompress_s]')
+      for i in 1 2; do
+        store "recycled$i" gracecomm-bench "${buffers[@]}"
+        store "fresh$i" python results/fresh_buffers.py "${buffers[@]}"
+      done ;;
     cluster_step)  # needs root: 4 nodes, each its own 100 Mbit/s link, ranks by torchrun
       store 4n_100mbit gracecomm-netbench topology=cluster world_size=4 bandwidth_mbps=100 \
         'methods=[ddp,dense,fp16,torch_fp16,topk,powersgd,powersgd_parity,torch_powersgd]' ;;

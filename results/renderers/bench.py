@@ -249,6 +249,55 @@ def netbench_buckets(ctx: Context) -> str:
                       "projected"], body)
 
 
+def recorded(ctx: Context, step: str) -> bool:
+    """Whether `step` has been run; a timing step may wait for a quiet machine, and its
+    block says so until then."""
+    return (ctx.root / "results" / step / "run.json").exists()
+
+
+def not_recorded(step: str) -> str:
+    return (f"*Not recorded yet*: `bash results/reproduce.sh {step}` measures it (times: run "
+            "it on a machine that nothing else is using).")
+
+
+BENCH_STEP_RUNS = ("run1", "run2")
+
+
+def bench_step(ctx: Context) -> str:
+    """One whole pipeline step of each method with its default memory, world of one, 26M
+    elements, in reads of the tensor, next to compress + decompress alone; both runs."""
+    if not recorded(ctx, "bench_step"):
+        return not_recorded("bench_step")
+    step = ctx.step("bench_step")
+    runs = [{r["method"]: r for r in step.json(f"{run}.json")} for run in BENCH_STEP_RUNS]
+    body = [[f"`{m}`", *(" / ".join(f(".1f", run[m][k]) for run in runs)
+                         for k in ("x_read_total", "step_x_read", "receive_x_read"))]
+            for m in runs[0]]
+    return ctx.table(["method", "compress + decompress, x one read (runs 1 / 2)",
+                      "whole step with its memory, x one read", "per extra rank, x one read"],
+                     body)
+
+
+BUFFER_ROUNDS = ("1", "2")
+
+
+def bench_buffers(ctx: Context) -> str:
+    """Decompression into fresh pages (recycling off) and into recycled buffers, both
+    rounds."""
+    if not recorded(ctx, "bench_buffers"):
+        return not_recorded("bench_buffers")
+    step = ctx.step("bench_buffers")
+    fresh = [{r["method"]: r for r in step.json(f"fresh{i}.json")} for i in BUFFER_ROUNDS]
+    kept = [{r["method"]: r for r in step.json(f"recycled{i}.json")} for i in BUFFER_ROUNDS]
+    body = [[f"`{m}`", " / ".join(f(".1f", 1e3 * run[m]["decompress_s"]) for run in fresh),
+             " / ".join(f(".1f", 1e3 * run[m]["decompress_s"]) for run in kept),
+             f(".1f", min(run[m]["decompress_s"] for run in fresh)
+               / min(run[m]["decompress_s"] for run in kept), "x")]
+            for m in fresh[0]]
+    return ctx.table(["method", "decompress, fresh pages, ms (rounds 1 / 2)",
+                      "recycled buffers, ms", "fresh / recycled (best of each)"], body)
+
+
 def powersgd_vs_torch(ctx: Context) -> str:
     """The comparison table the script prints last."""
     lines = ctx.step("powersgd_vs_torch").text("output.txt").splitlines()
@@ -269,4 +318,6 @@ RENDERERS = {
     "netbench": netbench,
     "netbench_buckets": netbench_buckets,
     "powersgd_vs_torch": powersgd_vs_torch,
+    "bench_step": bench_step,
+    "bench_buffers": bench_buffers,
 }

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from statistics import fmean
 from typing import TYPE_CHECKING
 
-from gracecomm.experiments.train import format_bytes
+from gracecomm.experiments.train import format_bytes, format_summary
 
 if TYPE_CHECKING:
     from render import Context
@@ -219,6 +219,89 @@ def every_method(ctx: Context, *names: str) -> str:
                       *(f"seed {s}" for s in seeds), f"bytes ratio (seed {seeds[0]})"], body)
 
 
+# The lines of a printed summary that hold times (and speedups, which come from times), and
+# what in them is a timing: decimals, except the bandwidths (0.1Gbps) and the compression
+# factor the last line starts with.
+TIMED_LINES = ("compression / step", "communication / step", "projected speedup",
+               "measured speedup", "per-step figures")
+TIMING = re.compile(r"\d+\.\d+(?![\d.]*Gbps)")
+
+
+def masked(line: str) -> str:
+    """`line` of a printed summary with its timings as '…' (its bytes and metric kept)."""
+    label = line.strip()
+    if label.startswith("metrics "):
+        return re.sub(r"\S+/metrics\.jsonl", "…/metrics.jsonl", line)
+    if label.startswith("== compression bought") and "; " in line:
+        head, tail = line.split("; ", 1)
+        return f"{head}; {TIMING.sub('…', tail)}"
+    if label.startswith(TIMED_LINES):
+        return TIMING.sub("…", line)
+    return line
+
+
+def summary(ctx: Context, step: str, name: str, *lines: str) -> str:
+    """What `gracecomm-train` printed at the end of the run stored as results/STEP/NAME.json
+    (its summary.json), through the trainer's own `format_summary`, with the timings as '…'
+    (they depend on the CPU and its load; the bytes and the test metric do not). LINES: only
+    the lines that start with these labels ('==' for the first); an argument that starts
+    with '$ ' is the command shown before the output (a console block)."""
+    prompt = [a for a in lines if a.startswith("$ ")]
+    labels = tuple(a for a in lines if not a.startswith("$ "))
+    text = format_summary(ctx.step(step).json(f"{name}.json"), "…")
+    out = [masked(line) for line in text.splitlines()
+           if not labels or line.strip().startswith(labels)]
+    return "\n".join(["```console" if prompt else "```text", *prompt, *out, "```"])
+
+
+def sparse_zeros(ctx: Context) -> str:
+    """The share of the sparse_model gradient's entries that are zero, from the bytes of
+    sending only its nonzeros (8 per entry: value and int32 index) against dense (4)."""
+    rows = {parse_call(r["compressor"])[0]: r for r in ctx.step("sparse_model").csv()}
+    nonzeros = number(rows["threshold"]["wire_bytes/step"]) / 8
+    return f"{1 - nonzeros / (number(rows['none']['wire_bytes/step']) / 4):.0%}"
+
+
+def grid(ctx: Context, step: str, name: str, rows: str, columns: str) -> str:
+    """The final test metric of a sweep's runs (results/runs.py's records in
+    results/STEP/NAME.json), one row per value of the override `rows`, one column per
+    combination of the overrides `columns` (comma-separated; '-': one column); a run that
+    collapsed says so, and a combination the sweep did not run is '-'."""
+    runs = ctx.step(step).json(f"{name}.json")
+    keys = [] if columns == "-" else columns.split(",")
+
+    def label(run: dict) -> tuple:
+        return tuple(run.get(k) for k in keys)
+
+    cols = list(dict.fromkeys(label(r) for r in runs))
+    body = []
+    for value in dict.fromkeys(r.get(rows) for r in runs):
+        by = {label(r): r for r in runs if r.get(rows) == value}
+        cells = []
+        for col in cols:
+            run = by.get(col)
+            cells.append("-" if run is None else f"{run['final']:.3f}"
+                         + (" (collapsed)" if run["collapse"] else ""))
+        body.append([f"{value:g}" if isinstance(value, float) else str(value), *cells])
+    heads = [", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                       for k, v in zip(keys, col)) or runs[0]["metric"] for col in cols]
+    return ctx.table([rows, *heads], body)
+
+
+def series_blocks(ctx: Context, step: str, name: str, field: str, size: str) -> str:
+    """For every run of results/STEP/NAME.json (results/runs.py's records with the per-step
+    series `field`): the means of `field` over consecutive blocks of `size` steps (the last
+    may be shorter), and its mean over the run."""
+    n, body = int(size), []
+    for run in ctx.step(step).json(f"{name}.json"):
+        series = [x for x in run[field] if x is not None]
+        parts = [series[i:i + n] for i in range(0, len(series), n)]
+        body.append([run["run"], " ".join(f"{fmean(p):.2f}" for p in parts),
+                     f"{fmean(series):.2f}"])
+    return ctx.table(["run", f"{field}, means over blocks of {n} steps",
+                      f"{field}, mean over the run"], body)
+
+
 def stored(step: str, name: str, code: bool = False) -> Callable[[Context], str]:
     """What a step's script printed (`name` in results/STEP/), as printed; in a code block
     for plain text."""
@@ -240,6 +323,10 @@ RENDERERS = {
     "sparse_model_paper": sparse_model_paper,
     "deepreduce_fpr": deepreduce_fpr,
     "every_method": every_method,
+    "summary": summary,
+    "grid": grid,
+    "series_blocks": series_blocks,
+    "sparse_zeros": sparse_zeros,
     "long_run_memory": stored("long_run", "memory.md"),
     "lgc_phases": stored("lgc", "phases.md"),
     "lgc_bound": stored("lgc", "bound.md"),

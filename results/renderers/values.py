@@ -5,18 +5,21 @@
     <!-- render: target STEP FILE FIELD OP LIMIT [KEY=VALUE ...] --><!-- /render -->
     <!-- render: pick STEP FILE REGEX --><!-- /render -->
     <!-- render: stamp STEP --><!-- /render -->
+    <!-- render: held_from STEP FILE LIMIT [KEY=VALUE ...] --><!-- /render -->
 
 FILE is a stored output of the step: a JSON list of records (or an object whose ``runs`` are
-the records), a CSV file, or ``NAME.md#N``, the N-th Markdown table of a printed page; several
-files (``run1.json,run2.json``) give all their records. The
-KEY=VALUE pairs select records (numbers compare as numbers; ``KEY^=TEXT``: values that start
-with TEXT); ``value`` needs exactly one,
+the records, or one record), a CSV file, or ``NAME.md#N``, the N-th Markdown table of a
+printed page; several files (``run1.json,run2.json``) give all their records. The
+KEY=VALUE pairs select records (numbers compare as numbers; ``KEY^=TEXT`` and ``KEY$=TEXT``:
+values that start or end with TEXT; ``KEY=A|B``: either); ``value`` needs exactly one,
 ``range`` gives the lowest and highest over those selected (``a-b``, or ``a`` when equal).
 FIELD may carry a factor (``compress_s*1000``) or pick the i-th number of a printed cell
 (``'recon first20 -> last50[1]'``); FORMAT is a Python format string
 (``'{:.1f}'``, ``'{:.0%}'``). ``target`` says ``met`` or ``missed``: whether the one selected
 value is ``<=`` or ``>=`` LIMIT, or ``within`` LOW..HIGH. ``pick`` gives the first group of a
-regular expression in a printed output, as printed.
+regular expression in a printed output, as printed. ``held_from`` reads the records of
+training runs (results/runs.py): the 1-based epoch from which every evaluation of the one
+selected run is at least LIMIT.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ def records(ctx: Context, step: str, name: str) -> list[dict[str, Any]]:
     if name.endswith(".csv"):
         return stored.csv(name)
     data = stored.json(name)
-    return data["runs"] if isinstance(data, dict) else data
+    if isinstance(data, dict):
+        return data["runs"] if "runs" in data else [data]
+    return data
 
 
 def _same(value: Any, wanted: str) -> bool:
@@ -51,8 +56,12 @@ def _same(value: Any, wanted: str) -> bool:
 
 def _match(record: dict[str, Any], condition: str) -> bool:
     key, wanted = condition.split("=", 1)
+    if "|" in wanted:  # KEY=A|B
+        return any(_match(record, f"{key}={one}") for one in wanted.split("|"))
     if key.endswith("^"):  # KEY^=PREFIX
         return str(record.get(key[:-1])).startswith(wanted)
+    if key.endswith("$"):  # KEY$=SUFFIX
+        return str(record.get(key[:-1])).endswith(wanted)
     return _same(record.get(key), wanted)
 
 
@@ -82,12 +91,16 @@ def number(record: dict[str, Any], field: str) -> float:
     return float(value) * float(factor or 1)
 
 
-def one(ctx: Context, step: str, name: str, field: str, filters: tuple[str, ...]) -> float:
+def only(ctx: Context, step: str, name: str, filters: tuple[str, ...]) -> dict[str, Any]:
     chosen = select(ctx, step, name, filters)
     if len(chosen) != 1:
         raise ValueError(f"{len(chosen)} records of {step}/{name} have {', '.join(filters)}; "
                          "select one")
-    return number(chosen[0], field)
+    return chosen[0]
+
+
+def one(ctx: Context, step: str, name: str, field: str, filters: tuple[str, ...]) -> float:
+    return number(only(ctx, step, name, filters), field)
 
 
 def value(ctx: Context, step: str, name: str, field: str, fmt: str, *filters: str) -> str:
@@ -121,6 +134,17 @@ def pick(ctx: Context, step: str, name: str, pattern: str) -> str:
     return match[1]
 
 
+def held_from(ctx: Context, step: str, name: str, limit: str, *filters: str) -> str:
+    """The first epoch (1-based) from which every evaluation of the run is >= `limit`."""
+    evals = only(ctx, step, name, filters)["evals"]
+    first = len(evals)
+    while first > 0 and evals[first - 1] >= float(limit):
+        first -= 1
+    if first == len(evals):
+        raise ValueError(f"the run of {step}/{name} with {', '.join(filters)} ends below {limit}")
+    return str(first + 1)
+
+
 def stamp(ctx: Context, step: str) -> str:
     """The step's stamp as a sentence, with the note an older stamp carries."""
     note = ctx.step(step).stamp.get("note")
@@ -128,4 +152,5 @@ def stamp(ctx: Context, step: str) -> str:
             + (f" ({note})." if note else "."))
 
 
-RENDERERS = {"value": value, "range": span, "target": target, "pick": pick, "stamp": stamp}
+RENDERERS = {"value": value, "range": span, "target": target, "pick": pick, "stamp": stamp,
+             "held_from": held_from}
