@@ -228,7 +228,9 @@ class PowerSGD(Compressor):
     def feeds_back(self, ctx: PowerSGDCtx) -> bool:
         return not ctx.warmup
 
-    def decompress(self, payload: Payload, ctx: PowerSGDCtx) -> torch.Tensor:
+    def checked(self, payload: Payload, ctx: PowerSGDCtx) -> torch.Tensor:
+        """The payload's one tensor, the whole gradient or the factor Q (m x rank), after
+        checking its shape and dtype against ``ctx``; `PayloadError` names what differs."""
         if len(payload) != 1:
             raise PayloadError(f"{self.label} payload has {len(payload)} tensors, expected 1")
         (q,) = payload
@@ -236,11 +238,17 @@ class PowerSGD(Compressor):
             if q.numel() != ctx.info.numel or q.dtype != ctx.info.dtype:
                 raise PayloadError(f"dense PowerSGD payload holds {q.numel()} {q.dtype} values, "
                                    f"expected {ctx.info.numel} {ctx.info.dtype}")
-            return q.view(ctx.info.shape)
+            return q
         m = ctx.info.numel // ctx.p.shape[0]
         if q.shape != (m, self.rank) or q.dtype != ctx.p.dtype:
             raise PayloadError(f"PowerSGD factor Q has shape {tuple(q.shape)} and dtype {q.dtype}, "
                                f"expected {(m, self.rank)} and {ctx.p.dtype}")
+        return q
+
+    def decompress(self, payload: Payload, ctx: PowerSGDCtx) -> torch.Tensor:
+        q = self.checked(payload, ctx)
+        if ctx.p is None:
+            return q.view(ctx.info.shape)
         self.q[ctx.name] = q.detach().clone()  # the last one decoded is the aggregate
         return self.approximation(q, ctx).to(ctx.info.dtype).view(ctx.info.shape)
 
@@ -254,7 +262,7 @@ class PowerSGD(Compressor):
         """Error feedback's t - P Q_local^T (Algorithm 1's local error), written into the
         approximation's buffer, without keeping Q_local as the warm start (`decompress` of
         the aggregate does); zero for a tensor sent whole. The bits of `difference`."""
-        (q,) = payload
+        q = self.checked(payload, ctx)
         if ctx.p is None:
             return torch.zeros_like(t)
         approx = self.approximation(q, ctx)

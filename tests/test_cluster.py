@@ -18,7 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gracecomm.experiments import cluster
-from gracecomm.experiments.cluster import ClusterError, EmulatedCluster, Link, capacity
+from gracecomm.experiments.cluster import PREFIX, ClusterError, EmulatedCluster, Link, capacity
 from gracecomm.experiments.netbench import last_line, plan, time_to_target
 from gracecomm.experiments.report import Run
 from gracecomm.validation import ConfigError
@@ -34,14 +34,25 @@ def config(**options):
     return OmegaConf.merge(cfg, {"topology": "cluster"}, options)
 
 
-def state(run_dir: Path) -> tuple[list[str], list[str], list[int]]:
-    """What a run must leave as it found it: namespaces, root links, the processes of its
-    run directory."""
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+def root_links() -> set[str]:
+    """The links of the root namespace."""
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return (sorted(line.split()[0] for line in netns.splitlines()),
-            sorted(line.split(":")[1].strip() for line in links.splitlines()),
-            sorted(pid for pid, _ in processes(str(run_dir))))
+    return {line.split(":")[1].strip() for line in links.splitlines()}
+
+
+def left_behind(links_before: set[str], run_dir: Path, launcher: int) -> dict[str, list]:
+    """What a run left that it did not find: its launcher's namespaces, new root links, the
+    processes of its run directory. Other clusters (a benchmark beside the suite) may come
+    and go meanwhile; only this launcher's namespaces count."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    mine = f"{PREFIX}{launcher}-"
+    return {"namespaces": sorted(n for n in (line.split()[0] for line in netns.splitlines())
+                                 if n.startswith(mine)),
+            "links": sorted(root_links() - links_before),
+            "processes": sorted(pid for pid, _ in processes(str(run_dir)))}
+
+
+NOTHING: dict[str, list] = {"namespaces": [], "links": [], "processes": []}
 
 
 def processes(marker: str) -> list[tuple[int, str]]:
@@ -136,13 +147,13 @@ def netbench(*args: str, **kwargs) -> subprocess.Popen:
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root, the tools are what is missing")
 def test_without_iproute2_it_says_so_and_makes_nothing(tmp_path):
-    before = state(tmp_path) if ROOT else None
+    links = root_links() if ROOT else set()
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # python, no ip or tc
     proc = netbench("methods=[ddp]", f"hydra.run.dir={tmp_path}", env=env)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "iproute2" in err, err[-2000:]
     if ROOT:
-        assert state(tmp_path) == before
+        assert left_behind(links, tmp_path, proc.pid) == NOTHING
 
 
 def wait_for_training(run_dir: Path, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -167,7 +178,7 @@ LONG_RUN = ("methods=[ddp]", "also_sync=false", "rounds=1", "warmup_steps=0", "s
 @pytest.mark.timeout(600)
 @needs_root
 def test_sigkill_of_a_rank_ends_the_run_and_leaves_nothing(tmp_path):
-    before = state(tmp_path)
+    links = root_links()
     proc = netbench(*LONG_RUN, f"hydra.run.dir={tmp_path}")
     try:
         wait_for_training(tmp_path / "ddp.0", proc, 300)
@@ -180,14 +191,14 @@ def test_sigkill_of_a_rank_ends_the_run_and_leaves_nothing(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 2 and "failed with exit code" in err, err[-3000:]
-    assert state(tmp_path) == before
+    assert left_behind(links, tmp_path, proc.pid) == NOTHING
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @needs_root
 def test_ctrl_c_of_the_launcher_leaves_nothing(tmp_path):
-    before = state(tmp_path)
+    links = root_links()
     proc = netbench(*LONG_RUN, f"hydra.run.dir={tmp_path}", start_new_session=True)
     try:
         wait_for_training(tmp_path / "ddp.0", proc, 300)
@@ -197,4 +208,4 @@ def test_ctrl_c_of_the_launcher_leaves_nothing(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    assert state(tmp_path) == before
+    assert left_behind(links, tmp_path, proc.pid) == NOTHING
