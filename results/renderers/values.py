@@ -2,6 +2,8 @@
 
     <!-- render: value STEP FILE FIELD FORMAT [KEY=VALUE ...] --><!-- /render -->
     <!-- render: range STEP FILE FIELD FORMAT [KEY=VALUE ...] --><!-- /render -->
+    <!-- render: mean STEP FILE FIELD FORMAT [KEY=VALUE ...] --><!-- /render -->
+    <!-- render: compare OP FORMAT STEP FILE FIELD [KEY=VALUE ...] vs B --><!-- /render -->
     <!-- render: target STEP FILE FIELD OP LIMIT [KEY=VALUE ...] --><!-- /render -->
     <!-- render: pick STEP FILE REGEX --><!-- /render -->
     <!-- render: stamp STEP --><!-- /render -->
@@ -11,8 +13,13 @@ FILE is a stored output of the step: a JSON list of records (or an object whose 
 the records, or one record), a CSV file, or ``NAME.md#N``, the N-th Markdown table of a
 printed page; several files (``run1.json,run2.json``) give all their records. The
 KEY=VALUE pairs select records (numbers compare as numbers; ``KEY^=TEXT`` and ``KEY$=TEXT``:
-values that start or end with TEXT; ``KEY=A|B``: either); ``value`` needs exactly one,
-``range`` gives the lowest and highest over those selected (``a-b``, or ``a`` when equal).
+values that start or end with TEXT; ``KEY=A|B``: either; ``KEY!=A|B``: neither); ``value``
+needs exactly one, ``range`` gives the lowest and highest over those selected (``a-b``, or
+``a`` when equal), ``mean`` their mean. ``compare`` relates a, the value before ``vs``, to b,
+the value B names: only what differs from a (its filters; or FIELD, or STEP FILE FIELD, then
+its filters). OP ``-`` gives a - b, ``/`` a / b and ``%`` the change a / b - 1 (format it
+with ``'{:+.0%}'``); where a's filters select several records, the lowest and highest, each
+against b, or against the same record's FIELD where B is a FIELD alone.
 FIELD may carry a factor (``compress_s*1000``) or pick the i-th number of a printed cell
 (``'recon first20 -> last50[1]'``); FORMAT is a Python format string
 (``'{:.1f}'``, ``'{:.0%}'``). ``target`` says ``met`` or ``missed``: whether the one selected
@@ -56,6 +63,8 @@ def _same(value: Any, wanted: str) -> bool:
 
 def _match(record: dict[str, Any], condition: str) -> bool:
     key, wanted = condition.split("=", 1)
+    if key.endswith("!"):  # KEY!=VALUE, KEY!=A|B
+        return not _match(record, f"{key[:-1]}={wanted}")
     if "|" in wanted:  # KEY=A|B
         return any(_match(record, f"{key}={one}") for one in wanted.split("|"))
     if key.endswith("^"):  # KEY^=PREFIX
@@ -126,6 +135,41 @@ def span(ctx: Context, step: str, name: str, field: str, fmt: str, *filters: str
     return low if low == high else f"{low}-{high}"
 
 
+def mean(ctx: Context, step: str, name: str, field: str, fmt: str, *filters: str) -> str:
+    values = [number(r, field) for r in select(ctx, step, name, filters)]
+    return fmt.format(sum(values) / len(values))
+
+
+COMPARE = {"-": lambda a, b: a - b, "/": lambda a, b: a / b, "%": lambda a, b: a / b - 1}
+
+
+def compare(ctx: Context, op: str, fmt: str, *spec: str) -> str:
+    """a OP b, with a = ``STEP FILE FIELD FILTER...`` before ``vs`` and b after it, where b
+    names only what differs: its filters, or FIELD or STEP FILE FIELD before them. Where the
+    filters of a select several records: the lowest and highest a OP b, each against the one
+    record of b, or against itself where b names only a FIELD."""
+    if op not in COMPARE or "vs" not in spec:
+        raise ValueError("compare: OP FORMAT STEP FILE FIELD [KEY=VALUE ...] vs "
+                         f"[[STEP FILE] FIELD] [KEY=VALUE ...], OP one of {' '.join(COMPARE)}")
+    cut = spec.index("vs")
+    left, right = spec[:cut], spec[cut + 1:]
+    named = [word for word in right if "=" not in word]
+    if len(named) not in (0, 1, 3) or right[:len(named)] != tuple(named) or not right:
+        raise ValueError(f"compare: after 'vs' name FIELD or STEP FILE FIELD, then the "
+                         f"filters; got {' '.join(right) or 'nothing'}")
+    step, name, field = (*left[:3 - len(named)], *named)
+    chosen = select(ctx, *left[:2], left[3:])
+    if len(named) == 1 and len(right) == 1:  # another field of the same records
+        results = [COMPARE[op](number(r, left[2]), number(r, field)) for r in chosen]
+    else:
+        b = one(ctx, step, name, field, right[len(named):])
+        results = [COMPARE[op](number(r, left[2]), b) for r in chosen]
+    low, high = fmt.format(min(results)), fmt.format(max(results))
+    if low == high:
+        return low
+    return f"{low} to {high}" if min(results) < 0 or low[0] == "+" else f"{low}-{high}"
+
+
 def pick(ctx: Context, step: str, name: str, pattern: str) -> str:
     """The first group of `pattern` (a regular expression) in a stored text output."""
     match = re.search(pattern, ctx.step(step).text(name))
@@ -152,5 +196,5 @@ def stamp(ctx: Context, step: str) -> str:
             + (f" ({note})." if note else "."))
 
 
-RENDERERS = {"value": value, "range": span, "target": target, "pick": pick, "stamp": stamp,
-             "held_from": held_from}
+RENDERERS = {"value": value, "range": span, "mean": mean, "compare": compare, "target": target,
+             "pick": pick, "stamp": stamp, "held_from": held_from}
