@@ -130,6 +130,14 @@ class Context:
     used: list[str] = field(default_factory=list)
     table = staticmethod(markdown_table)
 
+    def pending(self, name: str) -> str | None:
+        """What a block says while step `name` has not run (no stamp), else None: a timing
+        step may wait for a machine that nothing else is using."""
+        if (self.root / "results" / name / "run.json").exists():
+            return None
+        return (f"*Not recorded yet*: `bash results/reproduce.sh {name}` measures it (times: "
+                "run it on a machine that nothing else is using).")
+
     def step(self, name: str) -> Step:
         folder = self.root / "results" / name
         stamp_path = folder / "run.json"

@@ -249,25 +249,14 @@ def netbench_buckets(ctx: Context) -> str:
                       "projected"], body)
 
 
-def recorded(ctx: Context, step: str) -> bool:
-    """Whether `step` has been run; a timing step may wait for a quiet machine, and its
-    block says so until then."""
-    return (ctx.root / "results" / step / "run.json").exists()
-
-
-def not_recorded(step: str) -> str:
-    return (f"*Not recorded yet*: `bash results/reproduce.sh {step}` measures it (times: run "
-            "it on a machine that nothing else is using).")
-
-
 BENCH_STEP_RUNS = ("run1", "run2")
 
 
 def bench_step(ctx: Context) -> str:
     """One whole pipeline step of each method with its default memory, world of one, 26M
     elements, in reads of the tensor, next to compress + decompress alone; both runs."""
-    if not recorded(ctx, "bench_step"):
-        return not_recorded("bench_step")
+    if note := ctx.pending("bench_step"):
+        return note
     step = ctx.step("bench_step")
     runs = [{r["method"]: r for r in step.json(f"{run}.json")} for run in BENCH_STEP_RUNS]
     body = [[f"`{m}`", *(" / ".join(f(".1f", run[m][k]) for run in runs)
@@ -284,8 +273,8 @@ BUFFER_ROUNDS = ("1", "2")
 def bench_buffers(ctx: Context) -> str:
     """Decompression into fresh pages (recycling off) and into recycled buffers, both
     rounds."""
-    if not recorded(ctx, "bench_buffers"):
-        return not_recorded("bench_buffers")
+    if note := ctx.pending("bench_buffers"):
+        return note
     step = ctx.step("bench_buffers")
     fresh = [{r["method"]: r for r in step.json(f"fresh{i}.json")} for i in BUFFER_ROUNDS]
     kept = [{r["method"]: r for r in step.json(f"recycled{i}.json")} for i in BUFFER_ROUNDS]

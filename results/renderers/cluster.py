@@ -19,25 +19,27 @@ if TYPE_CHECKING:
 
 
 def step(ctx: Context, name: str, run: str) -> str:
-    return cluster_report.render_step(ctx.step(name).path(f"{run}.json"))
+    return ctx.pending(name) or cluster_report.render_step(ctx.step(name).path(f"{run}.json"))
 
 
 def tta(ctx: Context, name: str, run: str) -> str:
-    return cluster_report.render_tta(ctx.step(name).path(f"{run}.json"))
+    return ctx.pending(name) or cluster_report.render_tta(ctx.step(name).path(f"{run}.json"))
 
 
 def model(ctx: Context) -> str:
+    if note := ctx.pending("cluster_model"):
+        return note
     stored = ctx.step("cluster_model")
     return cluster_report.render_model(sorted(p for p in stored.folder.glob("*n_*mbit.json")))
 
 
 def collectives(ctx: Context) -> str:
-    return cluster_report.render_collectives(
+    return ctx.pending("cluster_collectives") or cluster_report.render_collectives(
         ctx.step("cluster_collectives").path("collectives.json"))
 
 
 def projection(ctx: Context) -> str:
-    return cluster_report.render_projection(
+    return ctx.pending("cluster_projection") or cluster_report.render_projection(
         ctx.step("cluster_projection").path("projection.json"))
 
 
