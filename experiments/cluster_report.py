@@ -177,19 +177,25 @@ def render_collectives(path: Path | str) -> str:
 
 
 def render_projection(path: Path | str) -> str:
-    """Projected speedup over plain DDP per method at a few node counts and bandwidths,
-    for each model (``experiments/cluster_projection.py``; assumptions stated there)."""
+    """Projected speedup over plain DDP per method, in step time and in time to accuracy,
+    at a few node counts and bandwidths, for each model (``experiments/cluster_projection.py``;
+    assumptions stated there). Time to accuracy takes each method's steps to target from the
+    emulated cluster's run; a method that did not reach the target there has none."""
     r = load(path)
-    lines = []
+    lines = [f"Each cell: the projected speedup over `ddp` in step time / in time to accuracy "
+             f"(steps to target from `{r['tta_source']}`; `-`: the method did not reach the "
+             f"target there).", ""]
     for model, data in r["models"].items():
         lines += [f"**{model}** ({data['parameters']:,} parameters; compute "
                   f"{1e3 * data['compute_s']:.0f} ms per step, {data['compute_source']})", "",
                   "| nodes @ Gbit/s | " + " | ".join(f"`{m}`" for m in data["methods"]) + " |",
                   "|---|" + "---|" * len(data["methods"])]
         for cell, values in data["grid"].items():
-            steps = values["step_s"]
+            steps, tta = values["step_s"], values.get("tta_s", {})
             lines.append(f"| {cell} | " + " | ".join(
-                f"{steps['ddp'] / steps[m]:.2f}x" for m in data["methods"]) + " |")
+                f"{steps['ddp'] / steps[m]:.2f}x / "
+                + (f"{tta['ddp'] / tta[m]:.2f}x" if m in tta and "ddp" in tta else "-")
+                for m in data["methods"]) + " |")
         lines.append("")
     return "\n".join(lines).rstrip()
 
