@@ -1,7 +1,7 @@
 """Suite ``hook``: the DDP hook's own CPU cost per step, next to plain DDP and PyTorch's hooks.
 
     gracecomm-bench suite=hook
-    gracecomm-bench suite=hook '+hook.methods=[ddp,none,fp16,torch_fp16]' +hook.steps=100
+    gracecomm-bench suite=hook '+hook.methods=[ddp,dense,fp16,torch_fp16]' +hook.steps=100
     gracecomm-bench suite=hook '+hook.methods=[ddp,topk,dgc]' \
         '+hook.overrides=[model=resnet20,data=prototypes,trainer.bucket_cap_mb=0.25]'
 
