@@ -586,13 +586,20 @@ def plot_accuracy(result: dict[str, Any], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for row in result["runs"]:
+    colors = plt.get_cmap("tab10").colors
+    for i, row in enumerate(result["runs"]):  # past 10 methods: the colours again, dashed
         times, accs = [c[0] for c in row["curve"]], [c[1] for c in row["curve"]]
-        ax.plot(times, accs, marker=".", label=row["method"])
+        cycle = i // len(colors)
+        ax.plot(times, accs, color=colors[i % len(colors)], linestyle=("-", "--", ":")[cycle % 3],
+                marker=(".", "x", "+")[cycle % 3], label=row["method"])
     ax.axhline(result["target_accuracy"], color="grey", linestyle="--", linewidth=1,
                label=f"target {result['target_accuracy']:.3f}")
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # they overlap
     ax.set_xlabel("training wall-clock time (s, log scale; evaluations excluded)")
     ax.set_ylabel("test accuracy")
     where = ("cluster" if result["topology"] == "cluster" else "loopback")
