@@ -109,11 +109,11 @@ def receive(ctx: Context) -> str:
 
 # The targets of the hook's own cost (results page, section 7): field, limit, what it means.
 # ``none`` is the name runs before the method presets gave the dense hook.
-HOOK_TARGETS = {"dense": ("over_ddp_ms", 1.5, "at most +1.5 ms over plain DDP"),
-                "none": ("over_ddp_ms", 1.5, "at most +1.5 ms over plain DDP"),
+HOOK_TARGETS = {**dict.fromkeys(("dense", "none"),
+                                ("over_ddp_ms", 1.5, "at most +1.5 ms over plain DDP")),
                 "fp16": ("over_torch_ms", 1.5, "at most PyTorch's + 1.5 ms"),
-                "powersgd": ("x_torch", 1.5, "at most 1.5x PyTorch's added cost"),
-                "powersgd_parity": ("x_torch", 1.5, "at most 1.5x PyTorch's added cost")}
+                **dict.fromkeys(("powersgd", "powersgd_parity"),
+                                ("x_torch", 1.5, "at most 1.5x PyTorch's added cost"))}
 HOOK_RUNS = ("run1", "run2", "run3")
 
 
