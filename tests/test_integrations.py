@@ -44,7 +44,9 @@ def launch(script: str, out: Path, *scenarios: str, processes: int = 2,
     proc = subprocess.run([*launcher, str(SCRIPTS / script), str(out), *scenarios], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
+    if proc.returncode != 0:  # pytest.fail shows the text whole; an assertion's repr is cut
+        pytest.fail(f"{script} {' '.join(scenarios)} exited {proc.returncode}\n"
+                    f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-6000:]}")
 
 
 def result(out: Path, name: str, rank: int = 0) -> dict:
