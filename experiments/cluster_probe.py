@@ -11,10 +11,14 @@ node under torchrun; rank 0 writes ``{"world_size", "latency_s", "allreduce": {b
 seconds}, "allgather": {bytes per rank: seconds}}``: medians over ``repeats`` calls after
 one untimed call, every call after a barrier; ``sweep`` also counts the bytes the links
 carry for 20 allreduces of 1.08 MB (``wire_per_payload``: TCP/IP framing and
-acknowledgements, `gracecomm.network.TCP_OVER_ETHERNET`). The latency is the median time of a
-one-float allreduce divided by the 2(N-1) messages of Gloo's ring. The sweep's JSON holds
-each case's measurements next to the model's time for the same collective (per-node links,
-TCP framing, the calibrated latency).
+acknowledgements, `gracecomm.network.TCP_OVER_ETHERNET`). The latency is the floor of one
+message of Gloo's ring: the median time of an allreduce whose N chunks each hold
+`LATENCY_CHUNKS` bytes, divided by its 2(N-1) messages, the least over those sizes. (A
+one-float allreduce is no such probe: with fewer elements than ranks most chunks are empty,
+and at 8 nodes it took 1 ms where any allreduce of 32 bytes to 128 KB took 21-24 ms.) The
+sweep's JSON holds each case's measurements next to the model's time for the same
+collective (per-node links, TCP framing, the calibrated latency, messages that overlap it:
+`gracecomm.network.Network.overlap`).
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-LATENCY_ROUNDS = 200
-# ResNet-20's gradient as plain DDP (float32) and fp16 allreduce it, and Top-1%'s payload
-ALLREDUCE_BYTES = (1_078_888, 539_444)
+LATENCY_ROUNDS = 100
+LATENCY_CHUNKS = (16, 64, 256, 1024)  # bytes per chunk of the latency probe's allreduces
+# ResNet-20's gradient as plain DDP (float32) and fp16 allreduce it, and Random-k's payload;
+# Top-1%'s payload per rank
+ALLREDUCE_BYTES = (1_078_888, 539_444, 10_868)
 ALLGATHER_BYTES = (21_688,)
 
 
@@ -54,8 +60,9 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
 def probe(allreduce: list[int], allgather: list[int], repeats: int) -> dict[str, Any]:
     """The figures of the module docstring, on this rank's process group."""
     n = dist.get_world_size()
-    one = torch.zeros(1)
-    latency = median_time(lambda: dist.all_reduce(one), LATENCY_ROUNDS) / (2 * (n - 1))
+    probes = [torch.zeros(n * chunk // 4) for chunk in LATENCY_CHUNKS]
+    latency = min(median_time(lambda x=x: dist.all_reduce(x), LATENCY_ROUNDS)
+                  for x in probes) / (2 * (n - 1))
     out: dict[str, Any] = {"world_size": n, "latency_s": latency, "allreduce": {},
                            "allgather": {}}
     for nbytes in allreduce:
@@ -123,7 +130,7 @@ def sweep(nodes: list[int], mbits: list[float], repeats: int, work: Path) -> dic
                     wire = (link_bytes(cluster) - before) / payload
                 measured = json.loads(out.read_text())
                 net = Network(mbit / 1000, measured["latency_s"] * 1e6,
-                              overhead=TCP_OVER_ETHERNET, broadcast="tree")
+                              overhead=TCP_OVER_ETHERNET, broadcast="tree", overlap=True)
                 model = {"allreduce": {b: net.time("allreduce", int(b), n)
                                        for b in measured["allreduce"]},
                          "allgather": {b: net.time("allgather", n * int(b), n)

@@ -18,8 +18,10 @@ Topologies:
 - ``cluster``: ``world_size`` nodes, each a namespace with its own address and a link of
   ``bandwidth_mbps`` in each direction to a bridge (`gracecomm.experiments.cluster`), each
   node's ``ranks_per_node`` ranks started by ``torchrun`` in its namespace. Projected on
-  switched links with Gloo's algorithms (binomial broadcast) and TCP's framing
-  (`gracecomm.network.TCP_OVER_ETHERNET`).
+  switched links with Gloo's algorithms (binomial broadcast), TCP's framing
+  (`gracecomm.network.TCP_OVER_ETHERNET`) and a latency per message that its transfer
+  overlaps (`gracecomm.network.Network.overlap`: the wait for the receiving rank to be
+  scheduled on this machine's shared CPUs).
 
 Methods are presets of ``configs/method/`` (`gracecomm.experiments.presets`). The per-message
 latency is measured on the shaped network by a calibration of small allreduces.
@@ -248,8 +250,9 @@ class Cluster:
         return []
 
     def calibrate(self, out_dir: Path) -> Network:
-        """The cluster's network: per-message latency from small allreduces, and the hosts'
-        rate (`Network.host_gbps`) from the part of a 1 MiB allreduce's time that the link
+        """The cluster's network: per-message latency from small allreduces
+        (`gracecomm.experiments.cluster_probe`), which a message's transfer overlaps, and the
+        hosts' rate (`Network.host_gbps`) from the part of a 1 MiB allreduce's time that the link
         and the latency leave unexplained (none where they explain it all)."""
         assert self.cluster is not None
         out = out_dir / "calibration.json"
@@ -259,7 +262,7 @@ class Cluster:
         probe = json.loads(out.read_text())
         link = Network(float(self.cfg.bandwidth_mbps) / 1000, probe["latency_s"] * 1e6,
                        overhead=TCP_OVER_ETHERNET, broadcast="tree",
-                       ranks_per_node=self.per_node)
+                       ranks_per_node=self.per_node, overlap=True)
         excess = probe["allreduce"][str(CALIBRATION_BYTES)] - link.time(
             "allreduce", CALIBRATION_BYTES, self.ranks)
         _, factor = link.terms("allreduce", self.ranks)
@@ -525,7 +528,8 @@ def benchmark(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                    "ranks_per_node": int(cfg.ranks_per_node), "ranks": topology.ranks,
                    "latency_us_calibrated": latency_us, "compute_alone_s": alone,
                    "network": {"overhead": network.overhead, "broadcast": network.broadcast,
-                               "shared": network.shared, "host_gbps": network.host_gbps},
+                               "shared": network.shared, "host_gbps": network.host_gbps,
+                               "overlap": network.overlap},
                    "runs": rows})
     if target is not None:
         result["target_accuracy"] = float(target)

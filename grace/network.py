@@ -51,8 +51,20 @@ its link needs, most at high link rates. Each payload byte then costs 8 / host_g
 top of the link's time; `gracecomm.experiments.netbench` calibrates it on the cluster from
 one allreduce of 1 MiB (the time the link and the latency do not explain).
 
+With ``overlap=True`` a message costs max(alpha, its bytes / B) instead of their sum: alpha
+is then a floor per message that overlaps with its transfer. That is the emulated cluster
+(`gracecomm.experiments.cluster`), where N ranks share this machine's few CPUs: each step of
+Gloo's ring waits until the receiving rank is scheduled, which at 4 and 8 ranks on 2 cores
+takes about 1.1 and 1.6 ms however small the message, while a message long enough to
+outlast that wait hides it (the socket buffers take the bytes meanwhile). Allreduces of
+8 bytes to 128 KB all took 21-24 ms at 8 nodes, 100 Mbit/s, and those of 512 KB were
+bandwidth-bound (``python -m gracecomm.experiments.cluster_probe sweep``, stored in
+results/cluster_collectives). The messages of one kind in a step are taken as equal: each
+of `calls` calls moves ``nbytes / calls``.
+
 A step with several collectives of a kind adds their times; since each time is linear in n,
-the sum is calls x latency term + (bandwidth factor) x total bytes / B. The projected step
+the sum is calls x latency term + (bandwidth factor) x total bytes / B (with ``overlap``,
+calls x messages x max(alpha, bytes per message / B)). The projected step
 time is ``compute + compression overhead + modelled communication``, where compute is the
 measured step time less the measured (local) communication and compression; the baseline is
 the same compute with the dense gradients on ring allreduce (one allreduce per exchange) and
@@ -117,7 +129,8 @@ class Network:
     one such link; `overhead` wire bytes per payload byte; broadcasts along a pipelined
     ``ring`` or Gloo's binomial ``tree``; `ranks_per_node` ranks share each node's link;
     `host_gbps`, where given, the rate at which the ranks' CPUs move payload through a
-    collective, paid on top of the link's (module docstring)."""
+    collective, paid on top of the link's; with `overlap`, a message costs the larger of the
+    latency and its link time rather than their sum (module docstring)."""
 
     bandwidth_gbps: float
     latency_us: float
@@ -126,6 +139,7 @@ class Network:
     broadcast: str = "ring"
     ranks_per_node: int = 1
     host_gbps: float | None = None
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         check_range(self.bandwidth_gbps, "network", "bandwidth_gbps", 0.0, low_open=True)
@@ -135,6 +149,10 @@ class Network:
             check_range(self.host_gbps, "network", "host_gbps", 0.0, low_open=True)
         check_choice(self.broadcast, BROADCASTS, "network", "broadcast")
         check_range(self.ranks_per_node, "network", "ranks_per_node", 1, integer=True)
+        if self.overlap and self.shared:
+            raise ConfigError("network: 'overlap' models per-node links of a switch; a shared "
+                              "link (shared=True) carries every rank's messages one after "
+                              "another: set one of them, not both")
 
     @property
     def label(self) -> str:
@@ -165,7 +183,10 @@ class Network:
         messages, factor = self.terms(kind, world_size)
         beta = 8.0 / (self.bandwidth_gbps * 1e9)  # seconds per byte on the link
         host = 0.0 if self.host_gbps is None else 8.0 / (self.host_gbps * 1e9) / self.overhead
-        return calls * messages * self.latency_us * 1e-6 + factor * nbytes * (beta + host)
+        sent, link = calls * messages, factor * nbytes * beta
+        alpha = self.latency_us * 1e-6
+        wire = sent * max(alpha, link / sent) if self.overlap else sent * alpha + link
+        return wire + factor * nbytes * host
 
     def comm_time(self, stats: Mapping[str, float], world_size: int) -> float:
         """Modelled seconds of every collective recorded in `stats`."""

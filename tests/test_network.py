@@ -1,6 +1,8 @@
 """The network cost model against hand-computed alpha-beta times, and the collectives the
 communicators record for it on 2 ranks."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -30,6 +32,19 @@ def test_broadcast_and_parameter_server_times():
     # the server's link carries everything: 3 workers x 1 MB up, the same down
     assert NET.time("ps_push", 3e6, world_size=4) == pytest.approx(10e-6 + 0.024)
     assert NET.time("ps_pull", 3e6, world_size=4) == pytest.approx(10e-6 + 0.024)
+
+
+def test_overlap_charges_the_larger_of_latency_and_transfer_per_message():
+    slow = Network(bandwidth_gbps=0.1, latency_us=1600, overlap=True)  # 8e-8 s per byte
+    # 8 ranks, 14 ring messages: a 10 kB allreduce waits 1.6 ms per message; a 1 MB one's
+    # messages of 125 kB take 10 ms each on the link and hide the wait
+    assert slow.time("allreduce", 1e4, 8) == pytest.approx(14 * 1.6e-3)
+    assert slow.time("allreduce", 1e6, 8) == pytest.approx(1.75 * 1e6 * 8e-8)
+    assert slow.time("allreduce", 1e6, 8) < replace(slow, overlap=False).time("allreduce", 1e6, 8)
+    # two calls share the bytes equally: 2 x 7 messages of 1 kB (80 us each, under the floor)
+    assert slow.time("allgather", 2 * 8e3, 8, calls=2) == pytest.approx(14 * 1.6e-3)
+    with pytest.raises(ConfigError, match="set one of them, not both"):
+        Network(0.1, 10, shared=True, overlap=True)
 
 
 def test_one_rank_or_no_call_costs_nothing():
