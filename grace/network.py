@@ -54,13 +54,14 @@ one allreduce of 1 MiB (the time the link and the latency do not explain).
 With ``overlap=True`` a message costs max(alpha, its bytes / B) instead of their sum: alpha
 is then a floor per message that overlaps with its transfer. That is the emulated cluster
 (`gracecomm.experiments.cluster`), where N ranks share this machine's few CPUs: each step of
-Gloo's ring waits until the receiving rank is scheduled, which at 4 and 8 ranks on 2 cores
-takes about 1.1 and 1.6 ms however small the message, while a message long enough to
-outlast that wait hides it (the socket buffers take the bytes meanwhile). Allreduces of
-8 bytes to 128 KB all took 21-24 ms at 8 nodes, 100 Mbit/s, and those of 512 KB were
-bandwidth-bound (``python -m gracecomm.experiments.cluster_probe sweep``, stored in
-results/cluster_collectives). The messages of one kind in a step are taken as equal: each
-of `calls` calls moves ``nbytes / calls``.
+Gloo's ring waits until the receiving rank is scheduled, however small the message, while a
+message long enough to outlast that wait hides it (the socket buffers take the bytes
+meanwhile). At 8 nodes and 100 Mbit/s the calibrated latency was 1.5 ms; an allreduce of
+10.9 KB, whose bytes need 1.6 ms on the links, took 20.4 ms (14 messages: 21.0 modelled),
+and one of 1.08 MB took 168 ms (158 modelled, bandwidth-bound), by
+``python -m gracecomm.experiments.cluster_probe sweep`` (``bash results/reproduce.sh
+cluster_collectives``). The messages of one kind in a step are taken as equal: each of
+`calls` calls moves ``nbytes / calls``.
 
 A step with several collectives of a kind adds their times; since each time is linear in n,
 the sum is calls x latency term + (bandwidth factor) x total bytes / B (with ``overlap``,

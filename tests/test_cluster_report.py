@@ -110,6 +110,16 @@ def test_model_table_and_crossover(tmp_path):
         "powersgd_parity"][1024]
 
 
+def test_a_stored_runs_network_keeps_its_overlap(tmp_path):
+    def network(name, **stored_network):
+        path = stored(tmp_path, name, 8, [], network={"host_gbps": 4.0, **stored_network})
+        return cluster_report.network_of(json.loads(path.read_text()))
+    now, before = network("now.json", overlap=True), network("before.json")
+    assert now.overlap and not before.overlap and now.host_gbps == 4.0
+    # 14 messages of 10 kB allreduced at 8 nodes: the 60 us latency overlaps each transfer
+    assert now.time("allreduce", 1e4, 8) < before.time("allreduce", 1e4, 8)
+
+
 def test_projection_inputs_come_from_the_models_definitions():
     assert sum(math.prod(s) for s in resnet50_shapes()) == 25_557_032
     assert sum(math.prod(s) for s in bert_base_shapes()) == 109_482_240
