@@ -8,16 +8,21 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from gracecomm.experiments.launch import exit_now
+
 
 def main(run: Callable[[Path, str], None]) -> None:
-    """Run every scenario named after the output folder, in turn, then destroy the process
-    group, as a script under torchrun should: a process that exits with a Gloo group alive
-    sometimes aborts in the interpreter's teardown ("terminate called without an active
-    exception", SIGABRT or SIGSEGV), gracecomm or not (seen with plain DDP and PyTorch's
-    fp16 hook under Accelerate)."""
+    """Run every scenario named after the output folder, in turn, then meet the other ranks
+    and end without the interpreter's teardown (`exit_now`, as the library's own launcher
+    does). A process that exits with a Gloo group alive sometimes aborts in that teardown
+    ("terminate called without an active exception"), gracecomm or not: 2 of 8 runs of
+    plain DDP and PyTorch's fp16 hook under Accelerate did. Destroying the group first
+    (`accelerator.end_training()`, what docs/integrations.md tells users) avoids it on
+    torch 2.13, but on torch 2.6, the declared floor, the destruction sometimes never
+    returned (experiments/launch.py)."""
     folder = Path(sys.argv[1])
     for scenario in sys.argv[2:]:
         run(folder, scenario)
     if dist.is_initialized():
-        dist.barrier()  # no rank tears its connections down while a peer still uses them
-        dist.destroy_process_group()
+        dist.barrier()  # every rank's results are written
+    exit_now()
