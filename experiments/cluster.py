@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gracecomm.network import TCP_OVER_ETHERNET, Network
 from gracecomm.validation import ConfigError, check_range
 
 PREFIX = "gracecomm-cluster-"
@@ -111,6 +112,15 @@ class Link:
         if self.loss_pct > 0:
             args += ["loss", f"{self.loss_pct}%"]
         return args
+
+
+def cluster_network(bandwidth_mbps: float, latency_us: float,
+                    ranks_per_node: int = 1) -> Network:
+    """The cost model's view of this cluster (`gracecomm.network`): a link of
+    `bandwidth_mbps` per node into a switch, TCP's framing, Gloo's binomial broadcast, and a
+    per-message latency that each message's transfer overlaps (`Network.overlap`)."""
+    return Network(bandwidth_mbps / 1000, latency_us, overhead=TCP_OVER_ETHERNET,
+                   broadcast="tree", ranks_per_node=ranks_per_node, overlap=True)
 
 
 def memory_available_mb() -> float:

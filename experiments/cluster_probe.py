@@ -110,8 +110,12 @@ def sweep(nodes: list[int], mbits: list[float], repeats: int, work: Path) -> dic
     """Every node count at every bandwidth: the measured times and the model's, and the
     bytes the links carried per payload byte of a ring allreduce (each of N ranks sends
     2(N-1)/N of the vector per call)."""
-    from gracecomm.experiments.cluster import EmulatedCluster, Link, sigterm_as_exit
-    from gracecomm.network import TCP_OVER_ETHERNET, Network
+    from gracecomm.experiments.cluster import (
+        EmulatedCluster,
+        Link,
+        cluster_network,
+        sigterm_as_exit,
+    )
     cases = []
     with sigterm_as_exit():
         for mbit in mbits:
@@ -129,8 +133,7 @@ def sweep(nodes: list[int], mbits: list[float], repeats: int, work: Path) -> dic
                     payload = n * WIRE_CALLS * 2 * (n - 1) / n * WIRE_BYTES
                     wire = (link_bytes(cluster) - before) / payload
                 measured = json.loads(out.read_text())
-                net = Network(mbit / 1000, measured["latency_s"] * 1e6,
-                              overhead=TCP_OVER_ETHERNET, broadcast="tree", overlap=True)
+                net = cluster_network(mbit, measured["latency_s"] * 1e6)
                 model = {"allreduce": {b: net.time("allreduce", int(b), n)
                                        for b in measured["allreduce"]},
                          "allgather": {b: net.time("allgather", n * int(b), n)

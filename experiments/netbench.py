@@ -77,6 +77,7 @@ from gracecomm.experiments.cluster import (
     EmulatedCluster,
     Link,
     check_size,
+    cluster_network,
     sigterm_as_exit,
 )
 from gracecomm.experiments.report import Run, read_run, save_figure
@@ -260,9 +261,8 @@ class Cluster:
                                "--allreduce", str(CALIBRATION_BYTES)],
                               out_dir / "calibration", 600)
         probe = json.loads(out.read_text())
-        link = Network(float(self.cfg.bandwidth_mbps) / 1000, probe["latency_s"] * 1e6,
-                       overhead=TCP_OVER_ETHERNET, broadcast="tree",
-                       ranks_per_node=self.per_node, overlap=True)
+        link = cluster_network(float(self.cfg.bandwidth_mbps), probe["latency_s"] * 1e6,
+                               self.per_node)
         excess = probe["allreduce"][str(CALIBRATION_BYTES)] - link.time(
             "allreduce", CALIBRATION_BYTES, self.ranks)
         _, factor = link.terms("allreduce", self.ranks)
