@@ -309,15 +309,18 @@ class EmulatedCluster:
         return sorted({available[(first + j) % len(available)]
                        for j in range(self.ranks_per_node)})
 
-    def node_command(self, node: int, args: Sequence[str]) -> list[str]:
-        """The command that starts node `node`'s part of ``torchrun ARGS`` in its namespace."""
+    def node_command(self, node: int, args: Sequence[str], log_dir: Path) -> list[str]:
+        """The command that starts node `node`'s part of ``torchrun ARGS`` in its namespace.
+        torchrun's own files go under `log_dir` (without ``--log-dir`` each torchrun leaves a
+        ``torchelastic_*`` directory in the system's temporary folder)."""
         cmd = ["ip", "netns", "exec", self.namespaces[node]]
         if self.pin_cpus:
             cmd += ["taskset", "-c", ",".join(map(str, self.cpus(node)))]
         return [*cmd, sys.executable, "-m", "torch.distributed.run",
                 f"--nnodes={self.nodes}", f"--nproc-per-node={self.ranks_per_node}",
                 f"--node-rank={node}", f"--master-addr={self.addresses[0]}",
-                f"--master-port={MASTER_PORT}", "--max-restarts=0", *args]
+                f"--master-port={MASTER_PORT}", "--max-restarts=0",
+                f"--log-dir={log_dir / f'torchelastic{node}'}", *args]
 
     def environment(self) -> dict[str, str]:
         threads = 1
@@ -335,7 +338,8 @@ class EmulatedCluster:
                 log = open(log_dir / f"node{node}.log", "w")  # noqa: SIM115 - closed below
                 logs.append(log)
                 procs.append(subprocess.Popen(
-                    self.node_command(node, args), stdout=log, stderr=subprocess.STDOUT,
+                    self.node_command(node, args, log_dir), stdout=log,
+                    stderr=subprocess.STDOUT,
                     env=self.environment(), start_new_session=True,
                     preexec_fn=_die_with_launcher))
             failed = self._wait(procs, timeout_s)

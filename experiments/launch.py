@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
@@ -76,6 +77,14 @@ def host_store(world_size: int, timeout_s: float) -> dist.TCPStore:
     already listens rules out both."""
     return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def torchrun_standalone(processes: int, log_dir: Path) -> list[str]:
+    """The command line of a one-machine ``torchrun`` of `processes` ranks, its agent's
+    files under `log_dir` (without ``--log-dir`` every torchrun leaves a ``torchelastic_*``
+    directory in the system's temporary folder); the script and its arguments follow."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={processes}", f"--log-dir={log_dir}"]
 
 
 def init_process_group(backend: str, rank: int, world_size: int, *, timeout_s: float,

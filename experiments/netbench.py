@@ -80,6 +80,7 @@ from gracecomm.experiments.cluster import (
     cluster_network,
     sigterm_as_exit,
 )
+from gracecomm.experiments.launch import torchrun_standalone
 from gracecomm.experiments.report import Run, read_run, save_figure
 from gracecomm.network import COLLECTIVE_KEYS, OVERHEAD_KEYS, TCP_OVER_ETHERNET, Network
 from gracecomm.validation import ConfigError, check_choice, check_range
@@ -416,8 +417,8 @@ def compute_alone(cfg: DictConfig, out_dir: Path) -> float:
     args = train_args([*cfg.overrides, *presets.overrides("dense"),
                        *step_overrides(int(cfg.warmup_steps) + int(cfg.steps))],
                       run_dir, float(cfg.timeout_s))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=1", *args], capture_output=True, text=True,
+    done = subprocess.run([*torchrun_standalone(1, run_dir / "torchelastic"), *args],
+                          capture_output=True, text=True,
                           timeout=float(cfg.timeout_s) + 60,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode:

@@ -574,7 +574,8 @@ def _ctrl_c(tmp: Path, cmd: list[str]) -> str:
 
 
 def torchrun_cmd(run_dir: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    from gracecomm.experiments.launch import torchrun_standalone
+    return [*torchrun_standalone(2, run_dir.parent / "torchelastic"),
             "-m", "gracecomm.experiments.train",
             f"hydra.run.dir={run_dir}", "trainer.progress=false", *overrides]
 

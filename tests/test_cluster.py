@@ -102,9 +102,10 @@ def test_netem_options_and_node_cpus():
     c = EmulatedCluster(4, Link(100), ranks_per_node=2)
     cpus = sorted(os.sched_getaffinity(0))
     assert c.cpus(0) == sorted({cpus[0], cpus[1 % len(cpus)]})
-    cmd = c.node_command(3, ["-m", "x"])
+    cmd = c.node_command(3, ["-m", "x"], Path("run/nodes"))
     assert cmd[:4] == ["ip", "netns", "exec", c.namespaces[3]] and "--node-rank=3" in cmd
     assert f"--master-addr={c.addresses[0]}" in cmd and "--nnodes=4" in cmd
+    assert "--log-dir=run/nodes/torchelastic3" in cmd  # not a torchelastic_* in /tmp
 
 
 def test_a_missed_target_is_reported_as_such():

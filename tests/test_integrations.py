@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import gracecomm
 from gracecomm import ConfigError, GradientExchange, build, comm_hook
+from gracecomm.experiments.launch import torchrun_standalone
 from gracecomm.frameworks import (
     MetricsWindow,
     gather_state,
@@ -39,8 +40,8 @@ def launch(script: str, out: Path, *scenarios: str, processes: int = 2,
     """Run tests/frameworks/`script` on `processes` CPU processes (torchrun; one process:
     plain python, no launcher), every scenario in turn."""
     out.mkdir(parents=True, exist_ok=True)
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 f"--nproc_per_node={processes}"] if processes > 1 else [sys.executable])
+    launcher = (torchrun_standalone(processes, out / "torchelastic") if processes > 1
+                else [sys.executable])
     proc = subprocess.run([*launcher, str(SCRIPTS / script), str(out), *scenarios], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
