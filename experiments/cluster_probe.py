@@ -38,6 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gracecomm.experiments.launch import exit_now, finish_process_group
+
 LATENCY_ROUNDS = 100
 LATENCY_CHUNKS = (16, 64, 256, 1024)  # bytes per chunk of the latency probe's allreduces
 # ResNet-20's gradient as plain DDP (float32) and fp16 allreduce it, and Random-k's payload;
@@ -86,13 +88,12 @@ def rank_main(args: argparse.Namespace) -> None:
         x = torch.zeros(WIRE_BYTES // 4)
         for _ in range(WIRE_CALLS):
             dist.all_reduce(x)
-        dist.destroy_process_group()
-        return
-    result = probe(args.allreduce, args.allgather, args.repeats)
-    if dist.get_rank() == 0:
-        args.out.write_text(json.dumps(result))
-    dist.barrier()
-    dist.destroy_process_group()
+    else:
+        result = probe(args.allreduce, args.allgather, args.repeats)
+        if dist.get_rank() == 0:
+            args.out.write_text(json.dumps(result))
+    finish_process_group()
+    exit_now()
 
 
 def link_bytes(cluster: Any) -> int:
