@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gracecomm.experiments.launch import exit_now, finish_process_group
+from gracecomm.experiments.launch import run_rank
 
 LATENCY_ROUNDS = 100
 LATENCY_CHUNKS = (16, 64, 256, 1024)  # bytes per chunk of the latency probe's allreduces
@@ -79,21 +79,29 @@ def probe(allreduce: list[int], allgather: list[int], repeats: int) -> dict[str,
 
 
 WIRE_CALLS, WIRE_BYTES = 20, 1_078_888  # the allreduces whose link bytes `sweep` counts
+# a collective waiting longer fails (a dead peer): the slowest probe, 1 MB allreduced at
+# 8 nodes and 10 Mbit/s, took 1.7 s (results/cluster_collectives)
+COLLECTIVE_TIMEOUT_S = 300
 
 
 def rank_main(args: argparse.Namespace) -> None:
+    """One rank under torchrun, its whole life in `run_rank` (join the group, report a
+    failure in torchrun's error file, end after a barrier without the interpreter's
+    teardown)."""
+    run_rank(_probe_rank, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), (args,),
+             backend="gloo", collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+
+
+def _probe_rank(rank: int, world_size: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
     if args.wire:  # only WIRE_CALLS allreduces, for the links' byte counters
         x = torch.zeros(WIRE_BYTES // 4)
         for _ in range(WIRE_CALLS):
             dist.all_reduce(x)
-    else:
-        result = probe(args.allreduce, args.allgather, args.repeats)
-        if dist.get_rank() == 0:
-            args.out.write_text(json.dumps(result))
-    finish_process_group()
-    exit_now()
+        return
+    result = probe(args.allreduce, args.allgather, args.repeats)
+    if rank == 0:
+        args.out.write_text(json.dumps(result))
 
 
 def link_bytes(cluster: Any) -> int:
