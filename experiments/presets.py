@@ -1,9 +1,9 @@
 """Method presets by name: the files of ``configs/method/`` are the only place a named
 setting of a method lives (its compressor with options, memory, communicator, and the
 trainer options it needs, e.g. ``trainer.exchange=torch`` for PyTorch's own hooks). Training
-picks one with ``+method=NAME``; the benchmarks (`gracecomm.experiments.netbench`, the
+picks one with ``+method=NAME``; the benchmarks (`gracecomm.experiments.cluster.netbench`, the
 ``hook`` and ``compressors`` suites of ``gracecomm-bench``,
-`gracecomm.experiments.powersgd_vs_torch`) name presets the same way, so a name means one
+`gracecomm.experiments.checks.powersgd_vs_torch`) name presets the same way, so a name means one
 thing everywhere.
 
     available()                  # ['bf16', 'ddp', 'dense', 'dgc', ...]
@@ -50,7 +50,7 @@ def train_config(*overrides: str) -> DictConfig:
     directory)."""
     if GlobalHydra.instance().is_initialized():
         return hydra.compose(config_name="train", overrides=list(overrides))
-    from gracecomm.experiments.train import compose_config  # the trainer imports much
+    from gracecomm.experiments.training.config import compose_config  # the trainer imports much
     return compose_config(*overrides)
 
 

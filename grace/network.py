@@ -30,7 +30,7 @@ number of ranks); a parameter server's link carries the traffic of the N - R ran
 other nodes only.
 
 With ``shared=True`` every rank's traffic crosses one link of bandwidth B (a hub, or the one
-loopback interface that `gracecomm.experiments.netbench` shapes on a single machine): the
+loopback interface that `gracecomm.experiments.cluster.netbench` shapes on a single machine): the
 bandwidth term is then the bytes all ranks send, N times the switched term for the ring
 collectives (each rank sends 2(N-1)/N n for an allreduce, (N-1)/N n for an allgather, and
 N-1 ranks forward a broadcast), and unchanged for the parameter server, whose link already
@@ -42,24 +42,24 @@ counts it: Ethernet header, IP and TCP headers with timestamps) carries 1448 pay
 the acknowledgements a link sends for what it receives add little more, as the receiver
 coalesces segments before acknowledging them (the emulated cluster's links carried 1.047
 to 1.049 bytes per payload byte of Gloo's ring allreduce at 2 and 4 nodes:
-``python -m gracecomm.experiments.cluster_probe sweep``, ``wire_per_payload``).
+``python -m gracecomm.experiments.cluster.probe sweep``, ``wire_per_payload``).
 
 ``host_gbps`` is what moving the bytes costs the hosts: Gloo copies and reduces every
 segment on the ranks' CPUs and the kernel carries every frame, and where CPUs are scarce
 (many ranks sharing few cores, as on the emulated cluster) a collective takes longer than
 its link needs, most at high link rates. Each payload byte then costs 8 / host_gbps ns on
-top of the link's time; `gracecomm.experiments.netbench` calibrates it on the cluster from
+top of the link's time; `gracecomm.experiments.cluster.netbench` calibrates it on the cluster from
 one allreduce of 1 MiB (the time the link and the latency do not explain).
 
 With ``overlap=True`` a message costs max(alpha, its bytes / B) instead of their sum: alpha
 is then a floor per message that overlaps with its transfer. That is the emulated cluster
-(`gracecomm.experiments.cluster`), where N ranks share this machine's few CPUs: each step of
-Gloo's ring waits until the receiving rank is scheduled, however small the message, while a
-message long enough to outlast that wait hides it (the socket buffers take the bytes
-meanwhile). At 8 nodes and 100 Mbit/s the calibrated latency was 1.5 ms; an allreduce of
+(`gracecomm.experiments.cluster.emulation`), where N ranks share this machine's few CPUs:
+each step of Gloo's ring waits until the receiving rank is scheduled, however small the
+message, while a message long enough to outlast that wait hides it (the socket buffers take
+the bytes meanwhile). At 8 nodes and 100 Mbit/s the calibrated latency was 1.5 ms; an allreduce of
 10.9 KB, whose bytes need 1.6 ms on the links, took 20.4 ms (14 messages: 21.0 modelled),
 and one of 1.08 MB took 168 ms (158 modelled, bandwidth-bound), by
-``python -m gracecomm.experiments.cluster_probe sweep`` (``bash results/reproduce.sh
+``python -m gracecomm.experiments.cluster.probe sweep`` (``bash results/reproduce.sh
 cluster_collectives``). The messages of one kind in a step are taken as equal: each of
 `calls` calls moves ``nbytes / calls``.
 

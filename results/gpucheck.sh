@@ -123,7 +123,7 @@ EOF
 RUN=/tmp/gpucheck-run
 rm -rf "$RUN"
 set +e
-PYTHONUNBUFFERED=1 timeout "$LIMIT_S" "$PY" -m gracecomm.experiments.gpucheck \
+PYTHONUNBUFFERED=1 timeout "$LIMIT_S" "$PY" -m gracecomm.experiments.checks.gpucheck \
   "hydra.run.dir=$RUN" "$@" 2>&1 | tee -a "$LOG"
 status=${PIPESTATUS[0]}
 set -e

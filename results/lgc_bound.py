@@ -26,7 +26,7 @@ import torch
 from gracecomm.compressors.lgc.base import SCALE_EPS
 from gracecomm.compressors.lgc.layout import Plan
 from gracecomm.compressors.lgc.rar import LGCRar
-from gracecomm.experiments.report import read_run
+from gracecomm.experiments.reports.tables import read_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,12 +69,12 @@ def block_pca_rho(x: torch.Tensor, block: int, keep: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=500, help="training steps (phases 1+2)")
-    parser.add_argument("overrides", nargs="*", help="more gracecomm.experiments.train overrides")
+    parser.add_argument("overrides", nargs="*", help="more gracecomm-train overrides")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "vectors.pt"
         run = Path(tmp) / "run"
-        command = [sys.executable, "-m", "gracecomm.experiments.train", "+experiment=lgc",
+        command = [sys.executable, "-m", "gracecomm.experiments.training", "+experiment=lgc",
                    "+method=lgc_rar", "allow_any_target=true", "trainer.progress=false",
                    "compressor._target_=results.lgc_bound.RecordingRar",
                    f"+compressor.record={record}", f"trainer.max_steps={args.steps}",

@@ -1,6 +1,6 @@
 """Compression state and peak memory over a long sweep: one markdown row per run, from the
 ``state_bytes`` (tensor bytes of ``Grace.state_dict()``) and ``max_rss_mb`` (peak resident
-memory of rank 0) that every evaluation record of ``gracecomm.experiments.train`` carries.
+memory of rank 0) that every evaluation record of ``gracecomm.experiments.training`` carries.
 
     python results/long_run.py multirun/results/long_run
 """
@@ -27,7 +27,7 @@ def row(run: Path) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep", type=Path,
-                        help="a multirun directory of gracecomm.experiments.train")
+                        help="a multirun directory of gracecomm.experiments.training")
     sweep = parser.parse_args().sweep
     runs = sorted((p for p in sweep.iterdir() if (p / "metrics.jsonl").exists()),
                   key=lambda p: int(p.name.split("_", 1)[0]))

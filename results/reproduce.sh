@@ -164,7 +164,7 @@ for step in "${steps[@]}"; do
         +method=dr_bf_naive,dr_bf_p0,dr_bf_p1,dr_bf_p2 experiment.fpr=0.001,0.004,0.01,0.03
       cp "$OUT/deepreduce_fpr"/report.{md,csv} "$OUT/deepreduce_fpr"/*.png results/deepreduce_fpr/ ;;
     lgc) sweep lgc
-         run python -m gracecomm.experiments.lgc_report "$OUT/lgc" --plot results/lgc/recon.png | tee results/lgc/phases.md
+         run python -m gracecomm.experiments.reports.lgc "$OUT/lgc" --plot results/lgc/recon.png | tee results/lgc/phases.md
          run python results/lgc_bound.py | tee results/lgc/bound.md ;;
     sparse_model) sweep sparse_model ;;
     every_method) sweep every_method ;;  # 75 runs: every compressor by name, seeds 0-2
@@ -189,7 +189,7 @@ for step in "${steps[@]}"; do
     bench_deepreduce) store bench gracecomm-bench suite=deepreduce ;;  # Bloom filters against pybloom-live
     bench_fig10) store bench gracecomm-bench suite=deepreduce_fig10 ;;
     natural_table1)
-      run python -m gracecomm.experiments.natural_table1 | tee results/natural_table1/output.txt ;;
+      run python -m gracecomm.experiments.checks.natural_table1 | tee results/natural_table1/output.txt ;;
     variance)
       store bench gracecomm-bench suite=variance \
         'columns=[method,data,numel,draws,second_moment,second_moment_std,variance,omega_bound,within_bound]' ;;
@@ -197,7 +197,7 @@ for step in "${steps[@]}"; do
       store bench gracecomm-bench suite=grace_reference "+grace_reference.path=$GRACE_PATH" \
         'columns=[method,total_s,x_read_total,bits_per_element,grace_total_s,grace_x_read_total,grace_bits_per_element,x_faster_than_grace,skipped]' ;;
     powersgd_vs_torch)
-      run python -m gracecomm.experiments.powersgd_vs_torch | tee results/powersgd_vs_torch/output.txt ;;
+      run python -m gracecomm.experiments.checks.powersgd_vs_torch | tee results/powersgd_vs_torch/output.txt ;;
     hook)  # three runs: one run decides none of the targets on a shared machine
       for i in 1 2 3; do store "run$i" gracecomm-bench suite=hook +hook.rounds=7; done ;;
     long_run)  # ~2,900 steps of the default experiment: state size and peak RSS over time
@@ -219,7 +219,7 @@ for step in "${steps[@]}"; do
       train_into lgc_phase3 +experiment=lgc '+method=lgc_rar,topk' trainer.max_steps=800
       train_into lgc_phase3_varint +experiment=lgc +method=lgc_rar \
         compressor.index_coding.format=varint trainer.max_steps=800
-      run python -m gracecomm.experiments.lgc_report "$OUT/lgc_phase3" "$OUT/lgc_phase3_varint" \
+      run python -m gracecomm.experiments.reports.lgc "$OUT/lgc_phase3" "$OUT/lgc_phase3_varint" \
         | tee results/lgc_phase3/phases.md ;;
     netbench_lgc)  # needs root: LGC-RAR's phase 3 against Top-k on a shaped link
       lgc='overrides=[model=resnet20,data=prototypes,+experiment.warmup_iters=1,+experiment.ae_train_iters=2]'
@@ -265,10 +265,10 @@ for step in "${steps[@]}"; do
             bandwidth_mbps=$mbit also_sync=false rounds=1 steps=15 warmup_steps=5 "$MODEL_METHODS"
         done
       done
-      run python -m gracecomm.experiments.cluster_report results/cluster_model/crossover.png \
+      run python -m gracecomm.experiments.cluster.report results/cluster_model/crossover.png \
         results/cluster_model/{2,4,8}n_100mbit.json ;;
     cluster_collectives)  # Gloo's allreduce and allgather alone, against the model
-      run python -m gracecomm.experiments.cluster_probe sweep \
+      run python -m gracecomm.experiments.cluster.probe sweep \
         results/cluster_collectives/collectives.json --nodes 2 4 8 --mbit 10 100 1000 ;;
     cluster_tta)  # time to accuracy, 4 nodes at 10 and 100 Mbit/s
       for mbit in 10 100; do
@@ -279,7 +279,7 @@ for step in "${steps[@]}"; do
       store 8n_100mbit gracecomm-netbench topology=cluster goal=accuracy world_size=8 \
         bandwidth_mbps=100 "$TTA_METHODS" "$TTA_DATA" timeout_s=1800 ;;
     cluster_projection)  # past this machine; steps to target from cluster_tta at 100 Mbit/s
-      run python -m gracecomm.experiments.cluster_projection \
+      run python -m gracecomm.experiments.cluster.projection \
         results/cluster_projection/projection.json --tta results/cluster_tta/4n_100mbit.json \
         --plot results/cluster_projection/projection.png | tee results/cluster_projection/projection.txt ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from gracecomm.experiments.report import Run, load_runs
+from gracecomm.experiments.reports.tables import Run, load_runs
 
 
 def overrides(run: Path) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from gracecomm.compressors.shared import _exceedance_numba as kernels
 from gracecomm.compressors.shared import exceedance
 from gracecomm.compressors.sidco import SIDCo
 from gracecomm.experiments.bench.compressors import synthetic
-from gracecomm.experiments.timing import best_of_each
+from gracecomm.experiments.bench.timing import best_of_each
 
 
 @numba.njit(cache=True)

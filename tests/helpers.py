@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from gracecomm.experiments.launch import spawn
-from gracecomm.experiments.train import compose_config as compose_train  # noqa: F401
+from gracecomm.experiments.training.config import compose_config as compose_train  # noqa: F401
+from gracecomm.experiments.training.launch import spawn
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 

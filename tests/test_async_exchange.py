@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import gracecomm
 from gracecomm import ConfigError, GradientExchange, Need, register_comm_hook
-from gracecomm.experiments.launch import WorkerError
+from gracecomm.experiments.training.launch import WorkerError
 from tests.helpers import run_ranks
 
 LGC = {"name": "lgc_rar", "ratio": 0.05, "warmup_iters": 1, "ae_train_iters": 2}

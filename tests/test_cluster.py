@@ -1,5 +1,5 @@
-"""The emulated cluster (experiments/cluster.py) and netbench's topology=cluster: bad input
-refused before any namespace exists, a clear message without root or iproute2, and nothing
+"""The emulated cluster (experiments/cluster/emulation.py) and netbench's topology=cluster: bad
+input refused before any namespace exists, a clear message without root or iproute2, and nothing
 left behind (namespaces, links, processes) after a run, after SIGKILL of a rank and after
 Ctrl-C of the launcher (root and iproute2 needed for those, skipped otherwise)."""
 
@@ -17,10 +17,16 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gracecomm.experiments import cluster
-from gracecomm.experiments.cluster import PREFIX, ClusterError, EmulatedCluster, Link, capacity
-from gracecomm.experiments.netbench import last_line, plan, time_to_target
-from gracecomm.experiments.report import Run
+from gracecomm.experiments.cluster import emulation
+from gracecomm.experiments.cluster.emulation import (
+    PREFIX,
+    ClusterError,
+    EmulatedCluster,
+    Link,
+    capacity,
+)
+from gracecomm.experiments.cluster.netbench import last_line, plan, time_to_target
+from gracecomm.experiments.reports.tables import Run
 from gracecomm.validation import ConfigError
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "netbench.yaml"
@@ -85,9 +91,9 @@ def test_bad_input_is_refused_before_any_namespace(options, message):
 
 
 def test_capacity_names_its_limit(monkeypatch):
-    monkeypatch.setattr(cluster, "memory_available_mb", lambda: 3000.0)
+    monkeypatch.setattr(emulation, "memory_available_mb", lambda: 3000.0)
     most, reason = capacity(1)
-    assert most == 3000 // (cluster.RANK_MB + cluster.AGENT_MB) and "memory" in reason
+    assert most == 3000 // (emulation.RANK_MB + emulation.AGENT_MB) and "memory" in reason
 
 
 def test_without_root_it_says_so(monkeypatch):
@@ -140,7 +146,7 @@ def test_last_line_keeps_the_schema_and_adds_accuracy_fields():
 
 
 def netbench(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "gracecomm.experiments.netbench",
+    return subprocess.Popen([sys.executable, "-m", "gracecomm.experiments.cluster.netbench",
                              "topology=cluster", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
@@ -186,7 +192,8 @@ def test_sigkill_of_a_rank_ends_the_run_and_leaves_nothing(tmp_path):
     try:
         wait_for_training(tmp_path / "ddp.0", proc, 300)
         workers = [pid for pid, cmd in processes(str(tmp_path / "ddp.0"))
-                   if "torch.distributed.run" not in cmd and "gracecomm.experiments.train" in cmd]
+                   if "torch.distributed.run" not in cmd
+                   and "gracecomm.experiments.training" in cmd]
         assert len(workers) == 2, workers
         os.kill(max(workers), signal.SIGKILL)  # the later-started rank: not the store's host
         _, err = proc.communicate(timeout=180)

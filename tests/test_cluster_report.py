@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from gracecomm.experiments import cluster_report
-from gracecomm.experiments.cluster_projection import bert_base_shapes, buckets, resnet50_shapes
+from gracecomm.experiments.cluster import report as cluster_report
+from gracecomm.experiments.cluster.projection import bert_base_shapes, buckets, resnet50_shapes
 from gracecomm.network import TCP_OVER_ETHERNET, Network, at_world_size, bytes_key, calls_key
 from gracecomm.validation import ConfigError
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from gracecomm.experiments.collapse import CollapseWatch, Divergence
-from gracecomm.experiments.tasks import make_task
+from gracecomm.experiments.training.collapse import CollapseWatch, Divergence
+from gracecomm.experiments.workloads.tasks import make_task
 from gracecomm.validation import NonFiniteError
 from tests.test_train import train
 

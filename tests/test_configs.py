@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from gracecomm import build, registry
 from gracecomm.compressor import Capabilities
 from gracecomm.config import instantiate
-from gracecomm.experiments.train import build_grace, validate
+from gracecomm.experiments.training.config import build_grace, validate
 from gracecomm.validation import MissingDependency
 from tests.helpers import CONFIG_DIR, compose_train
 

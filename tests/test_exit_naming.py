@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gracecomm
-from gracecomm.experiments.launch import WorkerError, spawn
+from gracecomm.experiments.training.launch import WorkerError, spawn
 
 
 def exits_early(rank: int, world_size: int) -> None:

@@ -14,7 +14,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from gracecomm import registry
-from gracecomm.experiments.train import build_grace, validate
+from gracecomm.experiments.training.config import build_grace, validate
 from tests.helpers import CONFIG_DIR, compose_train
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
@@ -66,7 +66,7 @@ def test_sweep_names_registered_compressors_and_existing_presets(experiment):
 def test_every_job_of_the_sweep_composes_and_builds(experiment):
     for overrides in jobs(experiment):
         cfg = compose_train(*overrides)
-        validate(cfg)  # what gracecomm.experiments.train checks before any worker starts
+        validate(cfg)  # what gracecomm.experiments.training checks before any worker starts
         pipeline = build_grace(cfg)
         assert pipeline.compressor is not None, overrides
 

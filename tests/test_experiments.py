@@ -12,9 +12,15 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from gracecomm import register_comm_hook
 from gracecomm.config import instantiate
-from gracecomm.experiments import data as datasets
-from gracecomm.experiments.tasks import Classification, LanguageModelling, Recommendation, make_task
-from gracecomm.experiments.train import build_grace, evaluate, validate
+from gracecomm.experiments.training.config import build_grace, validate
+from gracecomm.experiments.training.worker import evaluate
+from gracecomm.experiments.workloads import data as datasets
+from gracecomm.experiments.workloads.tasks import (
+    Classification,
+    LanguageModelling,
+    Recommendation,
+    make_task,
+)
 from gracecomm.validation import ConfigError, MissingDependency
 from tests.helpers import CONFIG_DIR, compose_train, run_ranks
 

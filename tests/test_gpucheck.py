@@ -1,4 +1,4 @@
-"""The GPU readiness check (gracecomm.experiments.gpucheck): its CPU mode end to end, the
+"""The GPU readiness check (gracecomm.experiments.checks.gpucheck): its CPU mode end to end, the
 host round trips its emulation finds, and the device code paths it keeps on the device."""
 
 import json
@@ -16,8 +16,8 @@ from gracecomm.compressors import sign
 from gracecomm.compressors.deepreduce.codec import check_index_set
 from gracecomm.compressors.randomk import random_subset
 from gracecomm.compressors.shared import exceedance, stochastic
-from gracecomm.experiments import gpucheck
-from gracecomm.experiments.hostwatch import SYNC_KINDS, HostWatch
+from gracecomm.experiments.checks import gpucheck
+from gracecomm.experiments.checks.hostwatch import SYNC_KINDS, HostWatch
 from gracecomm.validation import ConfigError, PayloadError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,7 +189,7 @@ def test_cpu_mode_lists_every_method_and_passes(tmp_path):
     hook trains over Gloo; the report and the last JSON line say so."""
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "gracecomm.experiments.gpucheck", "device=cpu",
+        [sys.executable, "-m", "gracecomm.experiments.checks.gpucheck", "device=cpu",
          "sizes=[65536]", "check_numel=131089", "calls=1", "pipeline_steps=2", "repeats=1",
          "warmup=0", "ddp.methods=[none]", "ddp.steps=3", f"hydra.run.dir={run_dir}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gracecomm
-from gracecomm.experiments.launch import WorkerError
+from gracecomm.experiments.training.launch import WorkerError
 from tests.helpers import run_ranks
 
 SHAPES = {"w": (8, 12), "b": (40,)}

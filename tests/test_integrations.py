@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import gracecomm
 from gracecomm import ConfigError, GradientExchange, build, comm_hook
-from gracecomm.experiments.launch import torchrun_standalone
+from gracecomm.experiments.training.launch import torchrun_standalone
 from gracecomm.frameworks import (
     MetricsWindow,
     gather_state,

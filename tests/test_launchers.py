@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gracecomm.experiments.train import objective, objective_names
+from gracecomm.experiments.training.summary import objective, objective_names
 from gracecomm.validation import ConfigError
 from tests.helpers import compose_train
 from tests.test_train import train
@@ -107,7 +107,7 @@ def test_torchrun_refuses_a_multirun(tmp_path):
     assert torchrun is not None
     proc = subprocess.run(
         [torchrun, "--standalone", "--nproc_per_node=1", f"--log-dir={tmp_path}/torchrun",
-         "-m", "gracecomm.experiments.train",
+         "-m", "gracecomm.experiments.training",
          "-m", f"hydra.sweep.dir={tmp_path}/sweep", "compressor=none,topk",
          "trainer.max_steps=2"],
         cwd=tmp_path, capture_output=True, text=True, timeout=280, env=env)

@@ -17,9 +17,9 @@ from gracecomm.compressors.lgc.ps import LGCPS, similarity_loss
 from gracecomm.compressors.lgc.rar import LGCRar
 from gracecomm.compressors.shared.deflate import deflate
 from gracecomm.experiments.bench.lgc import run as bench_lgc
-from gracecomm.experiments.lgc_report import report
-from gracecomm.experiments.models import ReferenceCNN
-from gracecomm.experiments.report import read_run
+from gracecomm.experiments.reports.lgc import report
+from gracecomm.experiments.reports.tables import read_run
+from gracecomm.experiments.workloads.models import ReferenceCNN
 from gracecomm.validation import ConfigError, PayloadError
 
 

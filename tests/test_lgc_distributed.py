@@ -13,9 +13,9 @@ import gracecomm
 from gracecomm.compressors.lgc.autoencoder import padded_length
 from gracecomm.compressors.lgc.ps import LGCPS
 from gracecomm.compressors.lgc.rar import LGCRar
-from gracecomm.experiments.lgc_report import phase_rows, report
-from gracecomm.experiments.models import ReferenceCNN
-from gracecomm.experiments.report import read_run
+from gracecomm.experiments.reports.lgc import phase_rows, report
+from gracecomm.experiments.reports.tables import read_run
+from gracecomm.experiments.workloads.models import ReferenceCNN
 from tests.helpers import run_ranks
 from tests.test_lgc import model_grads
 from tests.test_parameter_server import same_on_every_rank

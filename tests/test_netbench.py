@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gracecomm.experiments.netbench import NAMESPACE_PREFIX, format_table, plan
+from gracecomm.experiments.cluster.netbench import NAMESPACE_PREFIX, format_table, plan
 from gracecomm.validation import ConfigError
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "netbench.yaml"
@@ -62,7 +62,7 @@ def test_a_run_without_its_own_exchange_timing_shows_no_projection():
 
 
 def netbench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gracecomm.experiments.netbench", *args],
+    return subprocess.run([sys.executable, "-m", "gracecomm.experiments.cluster.netbench", *args],
                           capture_output=True, text=True, timeout=600, env=env)
 
 

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import gracecomm
 from gracecomm import NonFiniteError
-from gracecomm.experiments.models import ReferenceCNN
+from gracecomm.experiments.workloads.models import ReferenceCNN
 from gracecomm.pipeline import snapshot
 from tests.helpers import run_ranks, same, state_tensors
 

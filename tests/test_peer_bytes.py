@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import gracecomm
-from gracecomm.experiments.reliability import PEER_CASES, named_by_a_payload_error
 from gracecomm.wire import unpack_described
+from tests.reliability import PEER_CASES, named_by_a_payload_error
 
 # One case of each kind here (each starts two processes); the reliability suite runs all
-# of PEER_CASES: python -m gracecomm.experiments.reliability -k peers
+# of PEER_CASES: python -m tests.reliability -k peers
 CHOSEN = ["broadcast_announces_less", "allgather_announces_more",
           "parameter_server_announces_less", "allreduce_announces_less",
           "downlink_result_dtype_minus_1", "downlink_tensor_dtype_minus_9",

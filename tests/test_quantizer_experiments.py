@@ -1,12 +1,12 @@
 """The natural-compression Table 1 reproduction and the PowerSGD comparison with PyTorch's
-DDP hook (experiments/natural_table1.py, experiments/powersgd_vs_torch.py)."""
+DDP hook (experiments/checks/natural_table1.py, experiments/checks/powersgd_vs_torch.py)."""
 
 import math
 
 import pytest
 
-from gracecomm.experiments import natural_table1 as t1
-from gracecomm.experiments.powersgd_vs_torch import compare
+from gracecomm.experiments.checks import natural_table1 as t1
+from gracecomm.experiments.checks.powersgd_vs_torch import compare
 
 D = 10**6
 

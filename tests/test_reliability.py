@@ -16,10 +16,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from gracecomm.experiments import checkpoint
-from gracecomm.experiments.reliability import long_run, workers_of
-from gracecomm.experiments.train import train_worker
+from gracecomm.experiments.training import checkpoint
+from gracecomm.experiments.training.worker import train_worker
 from tests.helpers import compose_train, free_port, run_ranks
+from tests.reliability import long_run, workers_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ def test_resume_is_bit_identical(family, tmp_path):
 
 def resume_cli(tmp_path, *overrides):
     return subprocess.run(
-        [sys.executable, "-m", "gracecomm.experiments.train", f"hydra.run.dir={tmp_path}/run",
+        [sys.executable, "-m", "gracecomm.experiments.training", f"hydra.run.dir={tmp_path}/run",
          "trainer.progress=false", *overrides], cwd=ROOT, capture_output=True, text=True,
         timeout=180)
 
@@ -139,7 +139,7 @@ def sleep_past_the_deadline(rank, world_size):
 
 @pytest.mark.slow
 def test_hung_local_worker_is_named_with_its_stack():
-    from gracecomm.experiments.launch import WorkerError, spawn
+    from gracecomm.experiments.training.launch import WorkerError, spawn
     start = time.monotonic()
     with pytest.raises(WorkerError) as info:
         spawn(wait_forever_in_rank_1, 2, timeout_s=90, collective_timeout_s=10)
@@ -152,7 +152,7 @@ def test_hung_local_worker_is_named_with_its_stack():
 
 @pytest.mark.slow
 def test_workers_past_the_deadline_show_their_stacks():
-    from gracecomm.experiments.launch import WorkerTimeout, spawn
+    from gracecomm.experiments.training.launch import WorkerTimeout, spawn
     with pytest.raises(WorkerTimeout) as info:
         spawn(sleep_past_the_deadline, 2, timeout_s=15)
     message = str(info.value)
@@ -167,7 +167,7 @@ def launch_rank(rank, port, tmp_path, *overrides):
     env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     return subprocess.Popen(
-        [sys.executable, "-m", "gracecomm.experiments.train",
+        [sys.executable, "-m", "gracecomm.experiments.training",
          f"hydra.run.dir={tmp_path}/rank{rank}",
          "trainer.progress=false", "trainer.max_steps=3", "trainer.collective_timeout_s=30",
          *overrides], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -189,7 +189,7 @@ def test_ranks_with_different_setups_are_refused(tmp_path, override, part):
 
 
 def check_consistency(rank, world_size):
-    from gracecomm.experiments.consistency import verify_same_on_all_ranks
+    from gracecomm.experiments.training.consistency import verify_same_on_all_ranks
     from gracecomm.validation import ConfigError
     verify_same_on_all_ranks({"a": "same", "b": "same"})
     with pytest.raises(ConfigError, match=r"'b' differs between ranks \(rank 0: x; rank 1: y"):

@@ -1,13 +1,13 @@
-"""The reliability suite's cases (`gracecomm.experiments.reliability`) as tests: every case
+"""The reliability suite's cases (`tests.reliability`) as tests: every case
 that starts no training run, and the timed faults of local workers (spawned functions, not
 training runs). The whole suite, training runs included, is one command:
-``python -m gracecomm.experiments.reliability``."""
+``python -m tests.reliability``."""
 
 from __future__ import annotations
 
 import pytest
 
-from gracecomm.experiments.reliability import CASES, Case
+from tests.reliability import CASES, Case
 
 TIMED = {"failing_rank_is_named_within_seconds", "killed_rank_is_named_within_seconds",
          "hung_rank_is_named_after_the_collective_timeout", "rank_exiting_with_code_0_is_named"}

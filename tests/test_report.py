@@ -7,16 +7,11 @@ import json
 
 import pytest
 
-from gracecomm.experiments.loggers import JsonlLogger
-from gracecomm.experiments.report import (
-    describe,
-    load_runs,
-    log_to_wandb,
-    main,
-    pareto_front,
-    plot_labels,
-    write_report,
-)
+from gracecomm.experiments.reports.plots import pareto_front, plot_labels
+from gracecomm.experiments.reports.report import main
+from gracecomm.experiments.reports.tables import describe, load_runs
+from gracecomm.experiments.reports.writer import log_to_wandb, write_report
+from gracecomm.experiments.training.loggers import JsonlLogger
 from tests.test_train import train
 
 

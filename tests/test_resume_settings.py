@@ -19,8 +19,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from gracecomm.experiments import checkpoint
-from gracecomm.experiments.train import claim_run, compose_config, train_worker, validate
+from gracecomm.experiments.training import checkpoint
+from gracecomm.experiments.training.config import compose_config, validate
+from gracecomm.experiments.training.job import claim_run
+from gracecomm.experiments.training.worker import train_worker
 from gracecomm.validation import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,7 +212,7 @@ def test_a_checkpoint_directory_of_another_run_is_refused(folder, tmp_path):
 @pytest.mark.slow
 def test_resume_with_another_batch_size_is_refused_before_workers_start(tmp_path):
     def cli(*overrides: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gracecomm.experiments.train",
+        return subprocess.run([sys.executable, "-m", "gracecomm.experiments.training",
                                "trainer.progress=false", *overrides], cwd=tmp_path,
                               capture_output=True, text=True, timeout=300)
 

@@ -579,7 +579,7 @@ def test_trainer_moves_momentum_and_weight_decay_into_dgc_memory():
     from torch import nn
 
     import gracecomm
-    from gracecomm.experiments.train import make_optimizer
+    from gracecomm.experiments.training.config import make_optimizer
     from tests.helpers import compose_train
 
     cfg = compose_train("compressor=dgc", "+memory.clip_norm=1e6", "trainer.weight_decay=0.1")

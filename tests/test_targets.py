@@ -16,11 +16,11 @@ from omegaconf import OmegaConf
 
 from gracecomm import build
 from gracecomm.config import check_targets, instantiate
-from gracecomm.experiments.train import compose_config, validate
+from gracecomm.experiments.training.config import compose_config, validate
 from gracecomm.validation import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
-HELPER = "gracecomm.experiments.netbench._run"  # runs its arguments as a command
+HELPER = "gracecomm.experiments.cluster.netbench._run"  # runs its arguments as a command
 
 
 def touch(marker: Path) -> list[str]:
@@ -91,7 +91,7 @@ def test_instantiate_and_a_loader_as_targets_load_nothing(tmp_path):
     marker = tmp_path / "MARKER"
     (tmp_path / "evil.yaml").write_text(f"_target_: {HELPER}\n_args_: [touch, {marker}]\n")
     spec = {"_target_": "gracecomm.config.instantiate", "allow_any_target": True,
-            "cfg": {"_target_": "gracecomm.experiments.train.part_config",
+            "cfg": {"_target_": "gracecomm.experiments.training.config.part_config",
                     "group": f"../../../../../../../../{tmp_path}", "name": "evil"}}
     refused(lambda: build(spec), "gracecomm.config.instantiate")
     refused(lambda: instantiate(spec["cfg"]), "part_config")
@@ -99,7 +99,7 @@ def test_instantiate_and_a_loader_as_targets_load_nothing(tmp_path):
 
 
 def test_part_config_stays_in_the_config_tree(tmp_path):
-    from gracecomm.experiments.train import part_config
+    from gracecomm.experiments.training.config import part_config
     (tmp_path / "evil.yaml").write_text("_target_: builtins.print\n")
     for group, name in ((f"../../../../../../../..{tmp_path}", "evil"), (str(tmp_path), "evil"),
                         ("memory", f"../../../../../../../..{tmp_path}/evil")):
@@ -116,7 +116,7 @@ def test_an_object_target_from_python_is_judged_by_what_it_is(tmp_path):
 
 
 def test_attribute_walks_and_outside_functions_stay_refused():
-    for target in ("gracecomm.experiments.train.os.system", "torch.load", "builtins.eval",
+    for target in ("gracecomm.experiments.training.job.os.system", "torch.load", "builtins.eval",
                    "torch.nn.modules.module.torch.load", "functools.partial",
                    "torch.optim.sgd.torch.load", "hydra.utils.instantiate"):
         refused(lambda t=target: check_targets({"_target_": t}), target, "may be instantiated")
@@ -216,7 +216,7 @@ def test_old_root_targets_keep_their_message():
 # -- the command line, end to end ---------------------------------------------------------
 
 def cli(tmp_path, *args, options=(), timeout=240):
-    return subprocess.run([sys.executable, "-m", "gracecomm.experiments.train", *options,
+    return subprocess.run([sys.executable, "-m", "gracecomm.experiments.training", *options,
                            f"hydra.run.dir={tmp_path}/run", "trainer.progress=false",
                            "trainer.max_steps=1", *args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=timeout)

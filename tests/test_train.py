@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def train(tmp_path, *overrides, multirun=False, timeout=240, progress=False):
-    cmd = [sys.executable, "-m", "gracecomm.experiments.train"]
+    cmd = [sys.executable, "-m", "gracecomm.experiments.training"]
     if multirun:
         cmd += ["-m", f"hydra.sweep.dir={tmp_path}/sweep"]
     else:
@@ -61,7 +61,7 @@ def test_summary_says_what_compression_bought():
     """The last line: bytes against dense allreduce and the projected speedup on the slowest
     and fastest modelled networks; the measured speedup sets the mean step against the same
     step with a dense allreduce timed in the run instead of compression and communication."""
-    from gracecomm.experiments.train import bought, format_summary, measured_speedup
+    from gracecomm.experiments.training.summary import bought, format_summary, measured_speedup
 
     s = {"compressor": "topk", "memory": "residual", "communicator": "allgather",
          "world_size": 2, "steps": 10, "metric": "test_acc", "metric_label": "test accuracy",
@@ -87,7 +87,12 @@ def test_summary_keeps_start_up_apart():
     is reported on its own; a parameter server's downlink is summarised next to the uplink."""
     import torch
 
-    from gracecomm.experiments.train import _summary, accumulate, format_summary, new_totals
+    from gracecomm.experiments.training.summary import (
+        accumulate,
+        format_summary,
+        new_totals,
+        summarize,
+    )
     from gracecomm.network import networks
 
     totals = new_totals()
@@ -97,7 +102,7 @@ def test_summary_keeps_start_up_apart():
     accumulate(totals, first, startup=True)
     for _ in range(4):
         accumulate(totals, {**first, "step_s": 0.01, "compress_s": 0.002}, startup=False)
-    s = _summary(totals, 5, 1, torch.device("cpu"), networks([1.0], 50))
+    s = summarize(totals, 5, 1, torch.device("cpu"), networks([1.0], 50))
     assert s["step_s_per_step"] == pytest.approx(0.01) and s["steady_steps"] == 4
     assert s["compress_s_per_step"] == pytest.approx(0.002)
     assert (s["startup_steps"], s["startup_step_s"], s["startup_overhead_s"]) == (1, 5.0, 4.0)
@@ -112,7 +117,7 @@ def test_summary_keeps_start_up_apart():
         in text
     one = new_totals()  # a run of one step has nothing else to average
     accumulate(one, first, startup=True)
-    s = _summary(one, 1, 1, torch.device("cpu"), networks([1.0], 50))
+    s = summarize(one, 1, 1, torch.device("cpu"), networks([1.0], 50))
     assert s["step_s_per_step"] == 5.0 and s["startup_steps"] == 0
 
 

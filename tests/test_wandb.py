@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gracecomm.experiments.loggers import (
+from gracecomm.experiments.training.loggers import (
     JsonlLogger,
     logged_group,
     run_group,

@@ -78,7 +78,7 @@ def torch_paths() -> Iterator[None]:
     """Within the block, methods choose their torch code paths on the CPU too, as they do
     on every other device (kernels asked for by name, ``backend=numba``, still run): the
     code a CUDA tensor takes, run and compared bit for bit on a machine without a GPU
-    (`gracecomm.experiments.gpucheck`). Process-wide while it lasts."""
+    (`gracecomm.experiments.checks.gpucheck`). Process-wide while it lasts."""
     global KERNELS
     before, KERNELS = KERNELS, False
     try:

@@ -12,9 +12,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
 from gracecomm.config import guarded
-from gracecomm.experiments import rundir  # noqa: F401 - registers ${run_token:}
 from gracecomm.experiments.bench import SUITE_COLUMNS, SUITE_OPTIONS, SUITES
 from gracecomm.experiments.bench.table import format_table
+from gracecomm.experiments.training import rundir  # noqa: F401 - registers ${run_token:}
 from gracecomm.plugins import import_submodules
 from gracecomm.validation import ConfigError, check_choice
 

@@ -46,7 +46,7 @@ from gracecomm.compressors.shared.estimation import ThresholdSparsifier
 from gracecomm.config import instantiate
 from gracecomm.experiments import presets
 from gracecomm.experiments.bench import PeakMemory, Record, suite
-from gracecomm.experiments.timing import best_of, best_of_each
+from gracecomm.experiments.bench.timing import best_of, best_of_each
 from gracecomm.metrics import Metrics
 from gracecomm.registry import COMPRESSORS
 from gracecomm.validation import ConfigError, num_kept
@@ -90,7 +90,7 @@ class GradientStream:
     def __init__(self, model: str, data: str, seed: int, warmup_steps: int = 30,
                  batch_size: int = 32, lr: float = 0.05, momentum: float = 0.9,
                  residual_ratio: float | None = None) -> None:
-        from gracecomm.experiments.tasks import make_task
+        from gracecomm.experiments.workloads.tasks import make_task
 
         root = OmegaConf.create({"seed": seed})
         root.model = OmegaConf.load(CONFIG_DIR / "model" / f"{model}.yaml")

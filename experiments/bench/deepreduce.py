@@ -43,7 +43,7 @@ from gracecomm.compressors.topk import TopK
 from gracecomm.experiments.bench import Record, suite
 from gracecomm.experiments.bench.compressors import COLUMNS, GradientStream, synthetic
 from gracecomm.experiments.bench.table import format_table
-from gracecomm.experiments.timing import best_of
+from gracecomm.experiments.bench.timing import best_of
 from gracecomm.metrics import Metrics
 
 INDEX = ["raw32", "packed", "bitmap", "rle", {"name": "rle", "mode": "alternate"}, "huffman",

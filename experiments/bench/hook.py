@@ -48,10 +48,15 @@ from gracecomm.config import instantiate
 from gracecomm.ddp import register_comm_hook
 from gracecomm.experiments import presets
 from gracecomm.experiments.bench import Record, suite, suite_options
-from gracecomm.experiments.launch import spawn
-from gracecomm.experiments.tasks import make_task
-from gracecomm.experiments.torch_hooks import register_torch_hook
-from gracecomm.experiments.train import CONFIG_DIR, build_grace, compose_config, exchange_mode
+from gracecomm.experiments.training.config import (
+    CONFIG_DIR,
+    build_grace,
+    compose_config,
+    exchange_mode,
+)
+from gracecomm.experiments.training.launch import spawn
+from gracecomm.experiments.training.torch_hooks import register_torch_hook
+from gracecomm.experiments.workloads.tasks import make_task
 
 DEFAULTS = {"methods": ["ddp", "dense", "fp16", "torch_fp16", "topk", "powersgd",
                         "powersgd_parity", "torch_powersgd"],

@@ -38,8 +38,8 @@ from omegaconf import DictConfig, OmegaConf
 from gracecomm import build
 from gracecomm.config import instantiate
 from gracecomm.experiments.bench import Record, suite, suite_options
-from gracecomm.experiments.launch import spawn
-from gracecomm.experiments.train import CONFIG_DIR
+from gracecomm.experiments.training.config import CONFIG_DIR
+from gracecomm.experiments.training.launch import spawn
 
 DEFAULTS = {"methods": ["none", "fp16", "topk", "topk:broadcast", "topk:parameter_server",
                         "qsgd", "terngrad"],

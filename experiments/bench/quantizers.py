@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gracecomm.experiments.bench import Record, suite, suite_options
 from gracecomm.experiments.bench.compressors import measure, method_instances, synthetic
-from gracecomm.experiments.timing import best_of
+from gracecomm.experiments.bench.timing import best_of
 
 DEFAULT_METHODS = [
     "natural", {"name": "natural", "label": "natural/nat8", "wire": "nat8"},

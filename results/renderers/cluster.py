@@ -1,5 +1,5 @@
 """The emulated cluster (`gracecomm-netbench topology=cluster`, docs/cluster.md): the tables of
-`gracecomm.experiments.cluster_report`, from the stored outputs of the `cluster_*` steps.
+`gracecomm.experiments.cluster.report`, from the stored outputs of the `cluster_*` steps.
 
     <!-- render: cluster_step STEP NAME -->      a goal=step run: results/STEP/NAME.json
     <!-- render: cluster_tta STEP NAME -->       a goal=accuracy run
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gracecomm.experiments import cluster_report
+from gracecomm.experiments.cluster import report as cluster_report
 
 if TYPE_CHECKING:
     from render import Context

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from statistics import fmean
 from typing import TYPE_CHECKING
 
-from gracecomm.experiments.train import format_bytes, format_summary
+from gracecomm.experiments.training.summary import format_bytes, format_summary
 
 if TYPE_CHECKING:
     from render import Context

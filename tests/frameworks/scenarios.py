@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gracecomm.experiments.launch import exit_now, finish_process_group
+from gracecomm.experiments.training.launch import exit_now, finish_process_group
 
 
 def main(run: Callable[[Path, str], None]) -> None:
@@ -17,7 +17,7 @@ def main(run: Callable[[Path, str], None]) -> None:
     not: 2 of 8 runs of plain DDP and PyTorch's fp16 hook under Accelerate did. Destroying
     the group first (`accelerator.end_training()`, what docs/integrations.md tells users)
     avoids it on torch 2.13, but on torch 2.6, the declared floor, the destruction sometimes
-    never returned (experiments/launch.py)."""
+    never returned (experiments/training/launch.py)."""
     folder = Path(sys.argv[1])
     for scenario in sys.argv[2:]:
         run(folder, scenario)

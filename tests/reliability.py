@@ -3,10 +3,10 @@ wrong (hostile configs, failing, hung and killed ranks, killed launchers, torn a
 checkpoints, non-deterministic resume, runs started at once) and prints one line per case
 and the count of cases tried and cases that went wrong.
 
-    python -m gracecomm.experiments.reliability                   # every case
-    python -m gracecomm.experiments.reliability -k checkpoint     # cases whose name has it
-    python -m gracecomm.experiments.reliability --trials 13       # more trials of timed faults
-    python -m gracecomm.experiments.reliability --repeat 10       # the whole suite 10 times
+    python -m tests.reliability                   # every case
+    python -m tests.reliability -k checkpoint     # cases whose name has it
+    python -m tests.reliability --trials 13       # more trials of timed faults
+    python -m tests.reliability --repeat 10       # the whole suite 10 times
 
 A case is one function registered with ``@case("group")``: it gets a fresh directory,
 raises (an `AssertionError` with what went wrong) when the behaviour is wrong, and returns a
@@ -40,8 +40,8 @@ from gracecomm.validation import ConfigError
 
 CaseFn = Callable[[Path], str]
 FAULT_S = 5.0  # the target: a failure reaches the user, named, within this many seconds
-ESCAPES = ("gracecomm.experiments.checkpoint.torch.load", "torch.nn.modules.module.torch.load",
-           "gracecomm.experiments.train.os.system")
+ESCAPES = ("gracecomm.experiments.training.checkpoint.torch.load",
+           "torch.nn.modules.module.torch.load", "gracecomm.experiments.training.job.os.system")
 
 
 @dataclass
@@ -74,7 +74,7 @@ ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 def train_cmd(run_dir: Path | str | None, *overrides: str) -> list[str]:
     """The training command (in `run_dir` when given, else in Hydra's default directory)."""
     where = [f"hydra.run.dir={run_dir}"] if run_dir is not None else []
-    return [sys.executable, "-m", "gracecomm.experiments.train", *where,
+    return [sys.executable, "-m", "gracecomm.experiments.training", *where,
             "trainer.progress=false", *overrides]
 
 
@@ -204,8 +204,8 @@ def evil_pickle(folder: Path) -> tuple[Path, Path]:
 
 def validate(*overrides: str) -> None:
     """The entry point's checks on the config of these command-line overrides."""
-    from gracecomm.experiments.train import compose_config
-    from gracecomm.experiments.train import validate as check
+    from gracecomm.experiments.training.config import compose_config
+    from gracecomm.experiments.training.config import validate as check
     check(compose_config(*overrides))
 
 
@@ -268,7 +268,7 @@ def target_escapes_through_grace_build(tmp: Path) -> str:
 @case("config")
 def project_and_opted_in_targets_still_work(tmp: Path) -> str:
     from gracecomm.config import instantiate
-    from gracecomm.experiments.train import compose_config
+    from gracecomm.experiments.training.config import compose_config
     cfg = compose_config("compressor=deepreduce", "compressor/index=bloom")
     for group in ("compressor", "memory", "communicator", "model", "data"):
         instantiate(cfg[group])
@@ -317,7 +317,7 @@ def bad_logger_fails_before_workers(tmp: Path) -> str:
     return f"refused in {took:.1f} s (process start included)"
 
 
-HELPER = "gracecomm.experiments.netbench._run"  # a package function that runs a command
+HELPER = "gracecomm.experiments.cluster.netbench._run"  # a package function that runs a command
 
 
 def _touch_spec(marker: Path) -> dict[str, Any]:
@@ -352,7 +352,7 @@ def a_package_function_is_not_a_target(tmp: Path) -> str:
 def loaders_and_instantiate_are_not_targets(tmp: Path) -> str:
     from gracecomm import build
     from gracecomm.config import instantiate
-    from gracecomm.experiments.train import part_config
+    from gracecomm.experiments.training.config import part_config
     marker = tmp / "MARKER"
     (tmp / "side_effect_module.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     (tmp / "evil.yaml").write_text(f"_target_: {HELPER}\n_args_: [touch, {marker}]\n")
@@ -361,7 +361,7 @@ def loaders_and_instantiate_are_not_targets(tmp: Path) -> str:
         for name in ("gracecomm.config.resolve_target", "gracecomm.config.check_target"):
             refused(lambda n=name: build({"_target_": n, "target": "side_effect_module.x"}),
                     "may be instantiated")
-        loader = {"_target_": "gracecomm.experiments.train.part_config",
+        loader = {"_target_": "gracecomm.experiments.training.config.part_config",
                   "group": f"../../../../../../../..{tmp}", "name": "evil"}
         refused(lambda: build({"_target_": "gracecomm.config.instantiate", "cfg": loader,
                                "allow_any_target": True}), "gracecomm.config.instantiate")
@@ -375,7 +375,7 @@ def loaders_and_instantiate_are_not_targets(tmp: Path) -> str:
 
 @case("config")
 def hydra_nodes_are_checked_before_they_run(tmp: Path) -> str:
-    from gracecomm.experiments.train import compose_config
+    from gracecomm.experiments.training.config import compose_config
     (tmp / "memory").mkdir()
     logging = ['formatters: {evil: {"()": ' + HELPER + ', command: "touch x"}}',
                "handlers: {file: {class: " + HELPER + "}}",
@@ -415,7 +415,7 @@ def allow_any_target_comes_only_from_the_command_line(tmp: Path) -> str:
     from omegaconf import OmegaConf
 
     from gracecomm.config import check_composed, instantiate
-    from gracecomm.experiments.train import compose_config
+    from gracecomm.experiments.training.config import compose_config
     (tmp / "experiment").mkdir()
     (tmp / "experiment" / "open.yaml").write_text("# @package _global_\nallow_any_target: true\n")
     refused(lambda: compose_config(f"hydra.searchpath=[file://{tmp}]", "+experiment=open"),
@@ -467,7 +467,7 @@ def _fault_worker(rank: int, world_size: int, fault: str, stamp: str) -> None:
 
 def _fault(tmp: Path, fault: str, collective_timeout_s: float, words: tuple[str, ...]) -> float:
     """Seconds from rank 1's fault until `spawn` raised an error with `words`."""
-    from gracecomm.experiments.launch import WorkerError, spawn
+    from gracecomm.experiments.training.launch import WorkerError, spawn
     stamp = tmp / f"{fault}.time"
     message = refused(lambda: spawn(_fault_worker, 2, fault, str(stamp), timeout_s=120,
                                     collective_timeout_s=collective_timeout_s),
@@ -511,7 +511,7 @@ def _exits_early(rank: int, world_size: int) -> None:
 
 @case("faults", slow=True)
 def rank_exiting_with_code_0_is_named(tmp: Path) -> str:
-    from gracecomm.experiments.launch import WorkerError, spawn
+    from gracecomm.experiments.training.launch import WorkerError, spawn
     message = refused(lambda: spawn(_exits_early, 2, timeout_s=60, collective_timeout_s=30),
                       kind=WorkerError)
     first = message.split("\n")[0]
@@ -574,9 +574,9 @@ def _ctrl_c(tmp: Path, cmd: list[str]) -> str:
 
 
 def torchrun_cmd(run_dir: Path, *overrides: str) -> list[str]:
-    from gracecomm.experiments.launch import torchrun_standalone
+    from gracecomm.experiments.training.launch import torchrun_standalone
     return [*torchrun_standalone(2, run_dir.parent / "torchelastic"),
-            "-m", "gracecomm.experiments.train",
+            "-m", "gracecomm.experiments.training",
             f"hydra.run.dir={run_dir}", "trainer.progress=false", *overrides]
 
 
@@ -690,7 +690,7 @@ def peer_worker(rank: int, world_size: int, name: str, out: str) -> None:
 def named_by_a_payload_error(tmp: Path, name: str) -> str:
     """Run `PEER_CASES[name]` on 2 ranks: it must end in a `PayloadError` naming the faulty
     rank, never a signal (an abort inside Gloo); the message that named it."""
-    from gracecomm.experiments.launch import WorkerError, spawn
+    from gracecomm.experiments.training.launch import WorkerError, spawn
     out = tmp / name
     message = refused(lambda: spawn(peer_worker, 2, name, str(out), timeout_s=60,
                                     collective_timeout_s=30), "PayloadError", kind=WorkerError)
@@ -791,7 +791,7 @@ def killed_run_leaves_a_checkpoint_that_resumes(tmp: Path) -> str:
 
 @case("checkpoint", slow=True)
 def missing_or_mismatched_rank_files_are_refused(tmp: Path) -> str:
-    from gracecomm.experiments import checkpoint
+    from gracecomm.experiments.training import checkpoint
     source = base_checkpoint(tmp.parent)
     folder = tmp / "a"
     shutil.copytree(source, folder)
@@ -853,8 +853,9 @@ def _train_here(tmp: Path, name: str, *overrides: str) -> Path:
     """One rank trains in this process (no process group), its run directory `tmp/name`."""
     from omegaconf import OmegaConf
 
-    from gracecomm.experiments.train import compose_config, train_worker
-    from gracecomm.experiments.train import validate as check
+    from gracecomm.experiments.training.config import compose_config
+    from gracecomm.experiments.training.config import validate as check
+    from gracecomm.experiments.training.worker import train_worker
     cfg = compose_config(*_ONE_RANK, *overrides)
     check(cfg)
     with contextlib.redirect_stdout(io.StringIO()):  # its summary: the case prints one line
@@ -890,7 +891,7 @@ def resume_refuses_every_changed_setting(tmp: Path) -> str:
 
 @case("checkpoint")
 def malformed_manifests_are_named(tmp: Path) -> str:
-    from gracecomm.experiments import checkpoint
+    from gracecomm.experiments.training import checkpoint
     good = {"version": checkpoint.FORMAT_VERSION, "step": 4, "world_size": 2,
             "fingerprint": "f", "settings": {},
             "ranks": [{"file": checkpoint.file_name(r, 4), "bytes": 1, "sha256": "0" * 64}
@@ -910,7 +911,7 @@ def malformed_manifests_are_named(tmp: Path) -> str:
 def a_full_disk_keeps_the_last_checkpoint(tmp: Path) -> str:
     if os.geteuid() != 0:
         return "skipped: mounting a small tmpfs needs root"
-    from gracecomm.experiments import checkpoint
+    from gracecomm.experiments.training import checkpoint
     size = base_checkpoint(tmp.parent).joinpath("rank0-step4.pt").stat().st_size
     disk = tmp / "disk"
     disk.mkdir()

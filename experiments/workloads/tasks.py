@@ -12,7 +12,7 @@ its task (`DataBundle.task`); models name the task whose batches they take (`Mod
 
 Evaluation works on sums (loss, loss count, metric, metric count) so each rank evaluates a
 shard of the test set and the sums are added over ranks. `Task.chance` is the metric of a
-model that ignores its input (collapse detection, `gracecomm.experiments.collapse`).
+model that ignores its input (collapse detection, `gracecomm.experiments.training.collapse`).
 """
 
 from __future__ import annotations

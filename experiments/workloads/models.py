@@ -1,7 +1,7 @@
 """Models used by the experiments. Each is built from `configs/model/*.yaml` through Hydra's
 ``_target_``; sizes come from the data set's config (channels, classes, users and items,
-vocabulary). Each class names the `task` (see `gracecomm.experiments.tasks`) whose batches it takes,
-so a model paired with the wrong data set is refused before any worker starts."""
+vocabulary). Each class names the `task` (see `gracecomm.experiments.workloads.tasks`) whose
+batches it takes, so a model paired with the wrong data set is refused before any worker starts."""
 
 from __future__ import annotations
 

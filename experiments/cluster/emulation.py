@@ -6,7 +6,7 @@ inside its namespace (``--nnodes``, ``--node-rank``, rendezvous at node 0's addr
 ``GLOO_SOCKET_IFNAME`` set to the node's interface), as a job is launched across machines.
 
     with EmulatedCluster(4, Link(100)) as cluster:          # 4 nodes at 100 Mbit/s each
-        cluster.torchrun(["-m", "gracecomm.experiments.train", ...], log_dir, 900)
+        cluster.torchrun(["-m", "gracecomm.experiments.training", ...], log_dir, 900)
 
 Layout (``P`` = ``gracecomm-cluster-<launcher pid>``): namespace ``P-switch`` holds the
 bridge ``br0`` and one veth end ``p<i>`` per node; namespace ``P-n<i>`` holds the other end,
@@ -14,7 +14,7 @@ bridge ``br0`` and one veth end ``p<i>`` per node; namespace ``P-n<i>`` holds th
 link's rate on ``eth0`` (the node's uplink) and on ``p<i>`` (its downlink), and under it,
 when the link has latency, jitter or loss, ``netem`` (one-way delay per direction). A
 bucket holds 2 ms of line rate (at least two Ethernet frames), as the shaped loopback of
-`gracecomm.experiments.netbench` does; veth sends 64 KiB segments, which ``tbf`` splits
+`gracecomm.experiments.cluster.netbench` does; veth sends 64 KiB segments, which ``tbf`` splits
 into frames of the interface's MTU (1500) before shaping.
 
 Everything is removed on every exit path: the processes inside the namespaces (found by

@@ -24,7 +24,7 @@ tensor (a `torch.device`, not the string ``"cpu"``); ``to(device)`` with a `torc
 moves a tensor there, ``cpu()`` and ``to("cpu")`` take it back. That finds the host round
 trips of the torch code paths on a machine without a GPU; on CUDA the counts are exact,
 and `torch.cuda.set_sync_debug_mode` adds the syncs inside operations
-(`gracecomm.experiments.gpucheck` counts both).
+(`gracecomm.experiments.checks.gpucheck` counts both).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Timed collectives on the emulated cluster (`gracecomm.experiments.cluster`): the
+"""Timed collectives on the emulated cluster (`gracecomm.experiments.cluster.emulation`): the
 per-message latency the cost model takes, and Gloo's allreduce and allgather of given sizes
 against the model (`gracecomm.network`), without any training around them.
 
-    python -m gracecomm.experiments.cluster_probe sweep \\
+    python -m gracecomm.experiments.cluster.probe sweep \\
         results/cluster_collectives/collectives.json \\
         --nodes 2 4 8 --mbit 10 100 1000
 
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gracecomm.experiments.launch import run_rank
+from gracecomm.experiments.training.launch import run_rank
 
 LATENCY_ROUNDS = 100
 LATENCY_CHUNKS = (16, 64, 256, 1024)  # bytes per chunk of the latency probe's allreduces
@@ -119,7 +119,7 @@ def sweep(nodes: list[int], mbits: list[float], repeats: int, work: Path) -> dic
     """Every node count at every bandwidth: the measured times and the model's, and the
     bytes the links carried per payload byte of a ring allreduce (each of N ranks sends
     2(N-1)/N of the vector per call)."""
-    from gracecomm.experiments.cluster import (
+    from gracecomm.experiments.cluster.emulation import (
         EmulatedCluster,
         Link,
         cluster_network,
@@ -132,12 +132,12 @@ def sweep(nodes: list[int], mbits: list[float], repeats: int, work: Path) -> dic
                 out = work / f"probe_{n}n_{mbit:g}mbit.json"
                 with EmulatedCluster(n, Link(mbit)) as cluster:
                     cluster.torchrun(
-                        ["-m", "gracecomm.experiments.cluster_probe", "rank", str(out),
+                        ["-m", "gracecomm.experiments.cluster.probe", "rank", str(out),
                          "--allreduce", *map(str, ALLREDUCE_BYTES),
                          "--allgather", *map(str, ALLGATHER_BYTES),
                          "--repeats", str(repeats)], work / f"logs_{n}n_{mbit:g}", 900)
                     before = link_bytes(cluster)
-                    cluster.torchrun(["-m", "gracecomm.experiments.cluster_probe", "rank",
+                    cluster.torchrun(["-m", "gracecomm.experiments.cluster.probe", "rank",
                                       str(out), "--wire"], work / f"wire_{n}n_{mbit:g}", 900)
                     payload = n * WIRE_CALLS * 2 * (n - 1) / n * WIRE_BYTES
                     wire = (link_bytes(cluster) - before) / payload
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         result = sweep(args.nodes, args.mbit, args.repeats, Path(tmp))
-    result["command"] = "python -m gracecomm.experiments.cluster_probe " + " ".join(
+    result["command"] = "python -m gracecomm.experiments.cluster.probe " + " ".join(
         argv if argv is not None else sys.argv[1:])
     args.out.write_text(json.dumps(result, indent=1))
 

@@ -3,10 +3,11 @@ both of the bases the comparison needs, the autoencoder's reconstruction, timing
 accuracy against the dense and DGC runs found next to them; then phase 3 next to the LGC
 paper's Table VI.
 
-    python -m gracecomm.experiments.lgc_report multirun/2026-11-22/10-00-00  # a sweep directory
-    python -m gracecomm.experiments.lgc_report RUN_DIR [RUN_DIR ...] --plot recon.png
+    python -m gracecomm.experiments.reports.lgc multirun/2026-11-22/10-00-00  # a sweep directory
+    python -m gracecomm.experiments.reports.lgc RUN_DIR [RUN_DIR ...] --plot recon.png
 
-Every finished run below the given paths is read (`gracecomm.experiments.report.read_run`).
+Every finished run below the given paths is read
+(`gracecomm.experiments.reports.tables.read_run`).
 Runs without phases (dense, Top-k, DGC) form one row each. The one-time autoencoder transfer
 (``ae_sync_bytes``) is left out of the per-step means and reported on its own.
 
@@ -31,7 +32,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from gracecomm.experiments.report import Run, load_runs
+from gracecomm.experiments.reports.tables import Run, load_runs
 
 NAN = float("nan")
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gracecomm.experiments.tasks import Task
+from gracecomm.experiments.workloads.tasks import Task
 from gracecomm.validation import NonFiniteError
 
 LEARNED_FRACTION = 0.1

@@ -1,10 +1,10 @@
 """This library's PowerSGD next to PyTorch's own DDP hook
 (``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook``) and uncompressed training,
-through the same training loop (`gracecomm.experiments.train`; the default experiment unless
+through the same training loop (`gracecomm.experiments.training`; the default experiment unless
 overridden), PyTorch's hook with ``trainer.exchange=torch``:
 
-    python -m gracecomm.experiments.powersgd_vs_torch                      # rank 2, 2 workers
-    python -m gracecomm.experiments.powersgd_vs_torch --rank 4 trainer.epochs=3 model=mlp
+    python -m gracecomm.experiments.checks.powersgd_vs_torch            # rank 2, 2 workers
+    python -m gracecomm.experiments.checks.powersgd_vs_torch --rank 4 trainer.epochs=3 model=mlp
 
 Both PowerSGD runs use PyTorch's settings (the presets ``powersgd_parity`` and
 ``torch_powersgd``: ``start_iter`` 2, two dense steps first, error feedback against the mean
@@ -25,9 +25,10 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from gracecomm.experiments import presets
-from gracecomm.experiments.launch import spawn
-from gracecomm.experiments.report import read_run
-from gracecomm.experiments.train import compose_config, train_worker
+from gracecomm.experiments.reports.tables import read_run
+from gracecomm.experiments.training.config import compose_config
+from gracecomm.experiments.training.launch import spawn
+from gracecomm.experiments.training.worker import train_worker
 
 MODES = {  # mode -> the method preset it trains (configs/method/)
     "none": "dense",

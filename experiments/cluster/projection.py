@@ -3,7 +3,7 @@ emulated cluster at 2-8 nodes (docs/cluster.md), projects the step time and the 
 accuracy of each method at 16 to 1024 nodes and 1 to 100 Gbit/s per node, for the gradients
 of ResNet-50 and BERT-base.
 
-    python -m gracecomm.experiments.cluster_projection results/cluster_projection/projection.json \\
+    python -m gracecomm.experiments.cluster.projection results/cluster_projection/projection.json \\
         --tta results/cluster_tta/4n_100mbit.json --plot results/cluster_projection/projection.png
 
 What goes in, and where it comes from:
@@ -58,8 +58,8 @@ import torch
 
 from gracecomm.config import instantiate
 from gracecomm.experiments import presets
-from gracecomm.experiments.report import save_figure
-from gracecomm.experiments.train import build_grace
+from gracecomm.experiments.reports.plots import save_figure
+from gracecomm.experiments.training.config import build_grace
 from gracecomm.network import TCP_OVER_ETHERNET, Network, bytes_key, calls_key
 
 METHODS = ("ddp", "fp16", "powersgd", "randomk", "topk", "dgc", "natural", "qsgd",

@@ -12,8 +12,8 @@ are measured with their indices packed in ceil(log2 d) bits each (DeepReduce's `
 index codec applied to Top-k's indices: 32 + 20 bits per kept value at d = 10^6, against the
 paper's 33 + log2 d), and in a second column as the ``topk`` compressor sends them, int32.
 
-    python -m gracecomm.experiments.natural_table1            # d = 10^6
-    python -m gracecomm.experiments.natural_table1 --d 100000
+    python -m gracecomm.experiments.checks.natural_table1            # d = 10^6
+    python -m gracecomm.experiments.checks.natural_table1 --d 100000
 """
 
 from __future__ import annotations

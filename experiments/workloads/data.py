@@ -25,8 +25,8 @@ class MissingDataset(MissingDependency):
 
 @dataclass
 class DataBundle:
-    """Train and test sets plus the task (`gracecomm.experiments.tasks`) that decides the loss
-    and the metric: ``classification`` (accuracy), ``recommendation`` (hit rate @ K) or
+    """Train and test sets plus the task (`gracecomm.experiments.workloads.tasks`) that decides
+    the loss and the metric: ``classification`` (accuracy), ``recommendation`` (hit rate @ K) or
     ``language_modelling`` (perplexity); `task_options` go to the task (e.g. ``{"k": 10}``)."""
 
     train: Dataset

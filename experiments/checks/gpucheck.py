@@ -16,7 +16,7 @@ one JSON line printed last (docs/gpu.md):
    (error and nonzeros within `tolerance.statistics`).
 2. **Staying on the device.** Every payload tensor and result must be on the device, and the
    host round trips of the device run are counted per phase and per line of code
-   (`gracecomm.experiments.hostwatch`; on CUDA also `torch.cuda.set_sync_debug_mode`). A
+   (`gracecomm.experiments.checks.hostwatch`; on CUDA also `torch.cuda.set_sync_debug_mode`). A
    method that hands a device tensor to numpy, or mixes host tensors into device work,
    fails; syncs and host copies are reported with the lines that make them.
 3. **Speed.** compress + decompress at each of `sizes` against ``torch.topk`` (k of the
@@ -68,14 +68,14 @@ from gracecomm import communicators, compressors, memories, registry
 from gracecomm.compressor import Compressor, Payload
 from gracecomm.compressors.shared.stochastic import torch_paths
 from gracecomm.config import guarded, instantiate
-from gracecomm.experiments import rundir  # noqa: F401 - registers ${run_token:}
 from gracecomm.experiments.bench.compressors import synthetic
-from gracecomm.experiments.hostwatch import SYNC_KINDS, HostWatch
-from gracecomm.experiments.timing import best_of_each
+from gracecomm.experiments.bench.timing import best_of_each
+from gracecomm.experiments.checks.hostwatch import SYNC_KINDS, HostWatch
+from gracecomm.experiments.training import rundir  # noqa: F401 - registers ${run_token:}
 from gracecomm.state import Stateful
 from gracecomm.validation import ConfigError, check_choice, num_kept
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 Record = dict[str, Any]
 NO_DEVICE = 2  # exit status: the device asked for is missing
 LEVELS = ("identical", "close", "statistics", "differs")  # from best to worst
@@ -477,7 +477,7 @@ def ddp_check(cfg: DictConfig, device: torch.device, out_dir: Path) -> Record:
     runs: dict[str, Record] = {}
     for method in d.methods:
         run_dir = out_dir / "ddp" / str(method)
-        cmd = [sys.executable, "-m", "gracecomm.experiments.train", f"hydra.run.dir={run_dir}",
+        cmd = [sys.executable, "-m", "gracecomm.experiments.training", f"hydra.run.dir={run_dir}",
                f"trainer.device={device.type}", f"trainer.backend={backend}",
                f"trainer.world_size={int(d.world_size)}", f"trainer.max_steps={int(d.steps)}",
                "trainer.epochs=1", "trainer.progress=false", "trainer.exchange=hook",
@@ -646,7 +646,7 @@ def markdown(report: Record, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="gpucheck")
+@hydra.main(version_base="1.3", config_path="../../configs", config_name="gpucheck")
 def gpucheck_job(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     overrides = list(HydraConfig.get().overrides.task)

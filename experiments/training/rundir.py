@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from gracecomm.experiments.launch import launched_externally
+from gracecomm.experiments.training.launch import launched_externally
 from gracecomm.validation import ConfigError
 
 TOKEN_VAR = "GRACECOMM_RUN_TOKEN"

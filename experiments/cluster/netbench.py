@@ -12,11 +12,11 @@ Topologies:
 
 - ``loopback``: one private network namespace whose loopback is shaped with a token bucket
   (``tc qdisc ... tbf``) at ``bandwidth_mbps`` (and ``netem`` delay when ``latency_ms`` >
-  0); the ``world_size`` ranks of each method (`gracecomm.experiments.train`'s local
+  0); the ``world_size`` ranks of each method (`gracecomm.experiments.training`'s local
   workers) run inside it on 127.0.0.1, every byte of every rank through the one bucket.
   Projected with ``shared=True`` (a hub).
 - ``cluster``: ``world_size`` nodes, each a namespace with its own address and a link of
-  ``bandwidth_mbps`` in each direction to a bridge (`gracecomm.experiments.cluster`), each
+  ``bandwidth_mbps`` in each direction to a bridge (`gracecomm.experiments.cluster.emulation`), each
   node's ``ranks_per_node`` ranks started by ``torchrun`` in its namespace. Projected on
   switched links with Gloo's algorithms (binomial broadcast), TCP's framing
   (`gracecomm.network.TCP_OVER_ETHERNET`) and a latency per message that its transfer
@@ -72,7 +72,7 @@ from omegaconf import DictConfig
 
 from gracecomm.config import guarded
 from gracecomm.experiments import presets
-from gracecomm.experiments.cluster import (
+from gracecomm.experiments.cluster.emulation import (
     ClusterError,
     EmulatedCluster,
     Link,
@@ -80,8 +80,9 @@ from gracecomm.experiments.cluster import (
     cluster_network,
     sigterm_as_exit,
 )
-from gracecomm.experiments.launch import torchrun_standalone
-from gracecomm.experiments.report import Run, read_run, save_figure
+from gracecomm.experiments.reports.plots import save_figure
+from gracecomm.experiments.reports.tables import Run, read_run
+from gracecomm.experiments.training.launch import torchrun_standalone
 from gracecomm.network import COLLECTIVE_KEYS, OVERHEAD_KEYS, TCP_OVER_ETHERNET, Network
 from gracecomm.validation import ConfigError, check_choice, check_range
 
@@ -89,7 +90,7 @@ NAMESPACE_PREFIX = "gracecomm-netbench-"
 CALIBRATION_ROUNDS = 200
 CALIBRATION_BYTES = 2**20  # the cluster's allreduce that calibrates the hosts' rate
 TOPOLOGIES = ("loopback", "cluster")
-# per-step medians kept with each run, to project it elsewhere (experiments/cluster_report.py)
+# per-step medians kept with each run, to project it elsewhere (experiments/cluster/report.py)
 STAT_KEYS = (*COLLECTIVE_KEYS, *OVERHEAD_KEYS, "compute_s", "comm_s", "step_s", "dense_bytes",
              "exchanges", "wire_bytes")
 GOALS = ("step", "accuracy")
@@ -190,8 +191,8 @@ def in_namespace(namespace: str, args: Sequence[str], timeout_s: float) -> None:
 
 
 def train_args(overrides: Sequence[str], run_dir: Path, timeout_s: float) -> list[str]:
-    """``python -m gracecomm.experiments.train`` arguments of one measured run."""
-    return ["-m", "gracecomm.experiments.train", *overrides, "trainer.progress=false",
+    """``python -m gracecomm.experiments.training`` arguments of one measured run."""
+    return ["-m", "gracecomm.experiments.training", *overrides, "trainer.progress=false",
             f"trainer.timeout_s={timeout_s}", f"hydra.run.dir={run_dir}"]
 
 
@@ -220,8 +221,8 @@ class Loopback:
     def calibrate(self, out_dir: Path) -> Network:
         """The shared link, with the per-message latency measured in the namespace."""
         out = out_dir / "latency.json"
-        code = ("from gracecomm.experiments.launch import spawn; "
-                "from gracecomm.experiments.netbench import _calibrate; "
+        code = ("from gracecomm.experiments.training.launch import spawn; "
+                "from gracecomm.experiments.cluster.netbench import _calibrate; "
                 f"spawn(_calibrate, {self.ranks}, {str(out)!r}, timeout_s=120)")
         in_namespace(self.namespace, ["-c", code], 180)
         latency_us = float(json.loads(out.read_text())) * 1e6
@@ -253,12 +254,12 @@ class Cluster:
 
     def calibrate(self, out_dir: Path) -> Network:
         """The cluster's network: per-message latency from small allreduces
-        (`gracecomm.experiments.cluster_probe`), which a message's transfer overlaps, and the
+        (`gracecomm.experiments.cluster.probe`), which a message's transfer overlaps, and the
         hosts' rate (`Network.host_gbps`) from the part of a 1 MiB allreduce's time that the link
         and the latency leave unexplained (none where they explain it all)."""
         assert self.cluster is not None
         out = out_dir / "calibration.json"
-        self.cluster.torchrun(["-m", "gracecomm.experiments.cluster_probe", "rank", str(out),
+        self.cluster.torchrun(["-m", "gracecomm.experiments.cluster.probe", "rank", str(out),
                                "--allreduce", str(CALIBRATION_BYTES)],
                               out_dir / "calibration", 600)
         probe = json.loads(out.read_text())
@@ -360,7 +361,7 @@ def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
 def validate_runs(runs: list[tuple[str, list[str]]]) -> None:
     """Compose and check every run's training config as the trainer will (bad options fail
     here, before any namespace exists)."""
-    from gracecomm.experiments.train import validate
+    from gracecomm.experiments.training.config import validate
     for name, overrides in runs:
         try:
             validate(presets.train_config(*overrides))
@@ -627,7 +628,7 @@ def last_line(result: dict[str, Any]) -> dict[str, Any]:
             "runs": [{k: r[k] for k in keys if k in r} for r in result["runs"]]}
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="netbench")
+@hydra.main(version_base="1.3", config_path="../../configs", config_name="netbench")
 def netbench_job(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:

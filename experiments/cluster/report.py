@@ -3,7 +3,7 @@
 renders its tables with the ``render_*`` functions (``results/renderers/cluster.py``), so it
 shows exactly what those files hold; ``plot_crossover`` draws the scaling crossover:
 
-    python -m gracecomm.experiments.cluster_report crossover.png 2n.json 4n.json 8n.json
+    python -m gracecomm.experiments.cluster.report crossover.png 2n.json 4n.json 8n.json
 
 Each ``render_*`` function takes stored outputs and returns one Markdown table (with the
 command, commit and load that produced it).
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gracecomm.experiments.report import save_figure
+from gracecomm.experiments.reports.plots import save_figure
 from gracecomm.network import TCP_OVER_ETHERNET, Network, at_world_size
 
 ALLGATHER_SPARSIFIERS = ("topk", "dgc")
@@ -179,7 +179,7 @@ def render_collectives(path: Path | str) -> str:
 
 def render_projection(path: Path | str) -> str:
     """Projected speedup over plain DDP per method, in step time and in time to accuracy,
-    at a few node counts and bandwidths, for each model (``experiments/cluster_projection.py``;
+    at a few node counts and bandwidths, for each model (``experiments/cluster/projection.py``;
     assumptions stated there). Time to accuracy takes each method's steps to target from the
     emulated cluster's run; a method that did not reach the target there has none."""
     r = load(path)
