@@ -317,7 +317,7 @@ def bad_logger_fails_before_workers(tmp: Path) -> str:
     return f"refused in {took:.1f} s (process start included)"
 
 
-HELPER = "gracecomm.experiments.cluster.netbench._run"  # a package function that runs a command
+HELPER = "gracecomm.experiments.cluster.topologies._run"  # a package function that runs a command
 
 
 def _touch_spec(marker: Path) -> dict[str, Any]:

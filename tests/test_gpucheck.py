@@ -17,6 +17,7 @@ from gracecomm.compressors.deepreduce.codec import check_index_set
 from gracecomm.compressors.randomk import random_subset
 from gracecomm.compressors.shared import exceedance, stochastic
 from gracecomm.experiments.checks import gpucheck
+from gracecomm.experiments.checks.gpucheck_report import markdown, summary_line
 from gracecomm.experiments.checks.hostwatch import SYNC_KINDS, HostWatch
 from gracecomm.validation import ConfigError, PayloadError
 
@@ -234,6 +235,6 @@ def test_a_method_that_cannot_run_is_listed_with_its_reason(tmp_path, monkeypatc
     assert methods["signsgd"]["agree"] == "cannot run" and not methods["signsgd"]["ok"]
     assert "no kernel for this device" in methods["signsgd"]["reason"]
     assert report["ok"] is False
-    line = gpucheck.summary_line(report)
+    line = summary_line(report)
     assert line["compressors"]["signsgd"]["agree"] == "cannot run" and line["ok"] is False
-    assert "cannot run" in gpucheck.markdown(report, "gracecomm-gpucheck device=cpu")
+    assert "cannot run" in markdown(report, "gracecomm-gpucheck device=cpu")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gracecomm.experiments.cluster.netbench import NAMESPACE_PREFIX, format_table, plan
+from gracecomm.experiments.cluster.netbench import format_table, plan
+from gracecomm.experiments.cluster.topologies import NAMESPACE_PREFIX
 from gracecomm.validation import ConfigError
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "netbench.yaml"

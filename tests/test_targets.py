@@ -20,7 +20,7 @@ from gracecomm.experiments.training.config import compose_config, validate
 from gracecomm.validation import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
-HELPER = "gracecomm.experiments.cluster.netbench._run"  # runs its arguments as a command
+HELPER = "gracecomm.experiments.cluster.topologies._run"  # runs its arguments as a command
 
 
 def touch(marker: Path) -> list[str]:

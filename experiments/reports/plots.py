@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,27 +114,40 @@ def plot_all(plt: Any, runs: Sequence[Run], table: Table, out: Path) -> list[Pat
         save_figure(fig, paths[-1])
 
     metric = table.metrics[0]
+    for plot in (plot_pareto, plot_overhead, plot_speedup, plot_loss, plot_quality):
+        plot(plt, runs, table, labels, metric, save)
+    return paths
+
+
+def plot_pareto(plt: Any, runs: Sequence[Run], table: Table, labels: Sequence[str],
+                metric: str, save: Callable[[Any, str], None]) -> None:
+    """The test metric against payload bytes per step, with the Pareto front."""
     scored = [(i, r) for i, r in enumerate(runs) if r.summary.get(metric) is not None
               and r.summary.get("wire_bytes_per_step")]
-    if scored:
-        higher = bool(scored[0][1].summary.get("higher_is_better", True))
-        points = [(r.summary["wire_bytes_per_step"], r.summary[metric]) for _, r in scored]
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.scatter([p[0] for p in points], [p[1] for p in points])
-        # neighbours along the x axis get labels at staggered heights
-        order = sorted(range(len(points)), key=lambda j: points[j][0])
-        for rank, j in enumerate(order):
-            ax.annotate(labels[scored[j][0]], points[j], fontsize=6, rotation=20,
-                        xytext=(3, 3 + 9 * (rank % 3)), textcoords="offset points")
-        front = pareto_front(points, higher)
-        ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post",
-                color="tab:red", label="Pareto front")
-        ax.set(xscale="log", xlabel="payload bytes per rank per step",
-               ylabel=f"{metric} ({'higher' if higher else 'lower'} is better)",
-               title=f"{metric} against bytes sent")
-        ax.legend()
-        save(fig, "pareto")
+    if not scored:
+        return
+    higher = bool(scored[0][1].summary.get("higher_is_better", True))
+    points = [(r.summary["wire_bytes_per_step"], r.summary[metric]) for _, r in scored]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([p[0] for p in points], [p[1] for p in points])
+    # neighbours along the x axis get labels at staggered heights
+    order = sorted(range(len(points)), key=lambda j: points[j][0])
+    for rank, j in enumerate(order):
+        ax.annotate(labels[scored[j][0]], points[j], fontsize=6, rotation=20,
+                    xytext=(3, 3 + 9 * (rank % 3)), textcoords="offset points")
+    front = pareto_front(points, higher)
+    ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post",
+            color="tab:red", label="Pareto front")
+    ax.set(xscale="log", xlabel="payload bytes per rank per step",
+           ylabel=f"{metric} ({'higher' if higher else 'lower'} is better)",
+           title=f"{metric} against bytes sent")
+    ax.legend()
+    save(fig, "pareto")
 
+
+def plot_overhead(plt: Any, runs: Sequence[Run], table: Table, labels: Sequence[str],
+                  metric: str, save: Callable[[Any, str], None]) -> None:
+    """Compression overhead per step: compress, decompress and memory, stacked."""
     fig, ax = plt.subplots(figsize=(7, 0.4 * len(runs) + 1.5))
     left = [0.0] * len(runs)
     for key in ("compress_s", "decompress_s", "memory_s"):
@@ -146,19 +159,28 @@ def plot_all(plt: Any, runs: Sequence[Run], table: Table, out: Path) -> list[Pat
     ax.legend()
     save(fig, "overhead")
 
-    if table.networks:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        _many_lines(plt, ax)
-        gbps = [float(n.removesuffix("Gbps")) for n in table.networks]
-        for label, row in zip(labels, table.rows):
-            ax.plot(gbps, [row.get(f"speedup@{n}") or math.nan for n in table.networks],
-                    marker="o", label=label)
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(xscale="log", xlabel="bandwidth (Gbps)", ylabel="speedup over dense allreduce",
-               title="projected speedup (gracecomm.network)")
-        _legend(ax)
-        save(fig, "speedup")
 
+def plot_speedup(plt: Any, runs: Sequence[Run], table: Table, labels: Sequence[str],
+                 metric: str, save: Callable[[Any, str], None]) -> None:
+    """Projected speedup over dense allreduce against bandwidth (`gracecomm.network`)."""
+    if not table.networks:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _many_lines(plt, ax)
+    gbps = [float(n.removesuffix("Gbps")) for n in table.networks]
+    for label, row in zip(labels, table.rows):
+        ax.plot(gbps, [row.get(f"speedup@{n}") or math.nan for n in table.networks],
+                marker="o", label=label)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xscale="log", xlabel="bandwidth (Gbps)", ylabel="speedup over dense allreduce",
+           title="projected speedup (gracecomm.network)")
+    _legend(ax)
+    save(fig, "speedup")
+
+
+def plot_loss(plt: Any, runs: Sequence[Run], table: Table, labels: Sequence[str],
+              metric: str, save: Callable[[Any, str], None]) -> None:
+    """Training loss (moving average) and the test metric over steps, side by side."""
     fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
     _many_lines(plt, ax_loss, ax_metric)
     for label, run in zip(labels, runs):
@@ -172,18 +194,21 @@ def plot_all(plt: Any, runs: Sequence[Run], table: Table, out: Path) -> list[Pat
     _legend(ax_metric)
     save(fig, "loss")
 
+
+def plot_quality(plt: Any, runs: Sequence[Run], table: Table, labels: Sequence[str],
+                 metric: str, save: Callable[[Any, str], None]) -> None:
+    """The estimation quality k_hat/k over steps of the runs whose sparsifier logged it."""
     with_quality = [(label, run) for label, run in zip(labels, runs)
                     if any("quality" in s for s in run.steps)]
-    if with_quality:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        _many_lines(plt, ax)
-        for label, run in with_quality:
-            ax.plot([s["step"] for s in run.steps if "quality" in s],
-                    [s["quality"] for s in run.steps if "quality" in s], label=label)
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(xlabel="step", ylabel="achieved k / target k",
-               title="estimation quality of threshold sparsifiers")
-        _legend(ax)
-        save(fig, "quality")
-    return paths
-
+    if not with_quality:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _many_lines(plt, ax)
+    for label, run in with_quality:
+        ax.plot([s["step"] for s in run.steps if "quality" in s],
+                [s["quality"] for s in run.steps if "quality" in s], label=label)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xlabel="step", ylabel="achieved k / target k",
+           title="estimation quality of threshold sparsifiers")
+    _legend(ax)
+    save(fig, "quality")
