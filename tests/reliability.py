@@ -41,7 +41,7 @@ from gracecomm.validation import ConfigError
 CaseFn = Callable[[Path], str]
 FAULT_S = 5.0  # the target: a failure reaches the user, named, within this many seconds
 ESCAPES = ("gracecomm.experiments.training.checkpoint.torch.load",
-           "torch.nn.modules.module.torch.load", "gracecomm.experiments.training.job.os.system")
+           "torch.nn.modules.module.torch.load", "gracecomm.experiments.training.train.os.system")
 
 
 @dataclass

@@ -109,9 +109,9 @@ def test_built_wheel_works_beside_shadowing_packages(research_repo: Path, tmp_pa
     # the dependencies come from this environment, gracecomm only from the wheel
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target),
                                                         sysconfig.get_paths()["purelib"]])}
-    code = ("import sys, gracecomm; from gracecomm.experiments.training import job; "
-            "print(gracecomm.__file__, job.__file__); print(gracecomm.build('topk')); "
-            "sys.argv = ['gracecomm-train', '--cfg', 'job']; job.main()")
+    code = ("import sys, gracecomm; from gracecomm.experiments.training import train; "
+            "print(gracecomm.__file__, train.__file__); print(gracecomm.build('topk')); "
+            "sys.argv = ['gracecomm-train', '--cfg', 'job']; train.main()")
     done = subprocess.run([sys.executable, "-S", "-c", code], cwd=research_repo,
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr

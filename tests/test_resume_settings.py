@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from gracecomm.experiments.training import checkpoint
 from gracecomm.experiments.training.config import compose_config, validate
-from gracecomm.experiments.training.job import claim_run
+from gracecomm.experiments.training.train import claim_run
 from gracecomm.experiments.training.worker import train_worker
 from gracecomm.validation import ConfigError
 

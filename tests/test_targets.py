@@ -116,7 +116,7 @@ def test_an_object_target_from_python_is_judged_by_what_it_is(tmp_path):
 
 
 def test_attribute_walks_and_outside_functions_stay_refused():
-    for target in ("gracecomm.experiments.training.job.os.system", "torch.load", "builtins.eval",
+    for target in ("gracecomm.experiments.training.train.os.system", "torch.load", "builtins.eval",
                    "torch.nn.modules.module.torch.load", "functools.partial",
                    "torch.optim.sgd.torch.load", "hydra.utils.instantiate"):
         refused(lambda t=target: check_targets({"_target_": t}), target, "may be instantiated")

@@ -1,7 +1,7 @@
 """``python -m gracecomm.experiments.training``: the ``gracecomm-train`` command
-(`gracecomm.experiments.training.job.main`), for torchrun and scripts."""
+(`gracecomm.experiments.training.train.main`), for torchrun and scripts."""
 
-from gracecomm.experiments.training.job import main
+from gracecomm.experiments.training.train import main
 
 if __name__ == "__main__":
     main()
