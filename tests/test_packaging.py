@@ -27,6 +27,23 @@ def research_repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def test_every_package_folder_is_listed_and_the_tests_are_not() -> None:
+    """Every folder with an ``__init__.py`` under a mapped folder is a package of the wheel
+    (``[tool.setuptools] packages``), and the test harnesses are not."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = Path(__file__).resolve().parent.parent
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for package, folder in setup["package-dir"].items():
+        for init in (root / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(root / folder).parts
+            found.add(".".join([package, *parts]))
+    listed = set(setup["packages"])
+    assert found - {"gracecomm.configs"} <= listed, sorted(found - listed)
+    assert not any(name.startswith(("tests", "gracecomm.tests")) for name in listed)
+    assert (root / "tests" / "reliability.py").exists()
+
+
 @pytest.mark.slow
 def test_registry_ignores_packages_in_the_working_directory(research_repo: Path) -> None:
     code = ("import gracecomm; g = gracecomm.build('topk'); print(g); "
@@ -99,6 +116,8 @@ def test_built_wheel_works_beside_shadowing_packages(research_repo: Path, tmp_pa
         metadata = archive.read(f"{info}/METADATA").decode()
         scripts = archive.read(f"{info}/entry_points.txt").decode()
     assert {n.split("/")[0] for n in names} == {"gracecomm", info}
+    assert "gracecomm/experiments/training/train.py" in names
+    assert not [n for n in names if "reliability" in n], "a test harness is in the wheel"
     assert "gracecomm/configs/train.yaml" in names and f"{info}/licenses/LICENSE" in names
     assert "License-Expression: Apache-2.0" in metadata
     assert all(f"gracecomm-{s} =" in scripts for s in ("train", "bench", "report"))
