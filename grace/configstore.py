@@ -16,7 +16,10 @@ a method package adds its own with `add_group` (DeepReduce: ``compressor/sparsif
 compressor, ``+method=NAME``, the compressor with what it brings (`method_node`), where
 ``configs/method/`` has no file of that name.
 
-`register_configs` fills the store; every command composes inside
+Lists of every method are derived, not written out: an experiment sweeps
+``compressor: ${gracecomm.every:compressor}`` (`every`).
+
+`register_configs` fills the store and registers the resolver; every command composes inside
 `gracecomm.config.guard_composition`, which calls it first, so installed packages'
 classes (entry points ``gracecomm.<kind>``) are offered too.
 """
@@ -33,6 +36,7 @@ PROVIDER = "gracecomm"
 METHOD_GROUP = "method"
 CONFIG_PACKAGE = "gracecomm.configs"
 RUN_KEYS = "run_keys"  # the class attribute: option -> the key of the run's config it follows
+EVERY = "gracecomm.every"  # the resolver of `every`
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,23 @@ def method_names() -> list[str]:
     return sorted(set(yaml_names(METHOD_GROUP)) | set(available("compressor")))
 
 
+def every(kind: str, instead: Mapping[str, str] | None = None) -> str:
+    """Every name registered in `kind`, comma-separated, as a sweep lists them: the
+    resolver ``${gracecomm.every:compressor}`` of the experiments' sweeps.
+
+    Args:
+        kind: The registry (``"compressor"``).
+        instead: name -> what stands for it in the list (``{none: dense}``: a method preset
+            of another name for that compressor).
+
+    Returns:
+        ``"bf16,compose,..."``.
+    """
+    from gracecomm.registry import available
+    instead = dict(instead or {})
+    return ",".join(str(instead.get(name, name)) for name in available(kind))
+
+
 _registered: set[tuple[str, str]] = set()
 
 
@@ -165,6 +186,9 @@ def register_configs() -> None:
     entry is generated for it.
     """
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+    if not OmegaConf.has_resolver(EVERY):
+        OmegaConf.register_new_resolver(EVERY, every)
     store = ConfigStore.instance()
     files: dict[str, set[str]] = {}
 
