@@ -206,3 +206,12 @@ def test_a_kept_part_file_adds_something(group, name):
     assert {k: v for k, v in raw.items() if k != "_target_"} != {
         k: generated.get(k) for k in raw if k != "_target_"}, (
         f"configs/{group}/{name}.yaml restates the defaults its class gives; delete it")
+
+
+def test_dgc_samples_one_percent_of_the_gradient_as_the_paper():
+    """Lin et al., "Deep Gradient Compression" (ICLR 2018), Sec. 3: the threshold is found by
+    top-k selection on a sample of 0.1% to 1% of the gradient; DGC and its reference preset
+    sample the upper end, 1%, from the command line as from Python."""
+    for name in ("dgc", "dgc_reference"):
+        assert registry.create("compressor", name).sample_ratio == 0.01
+        assert instantiate(compose_train(f"compressor={name}").compressor).sample_ratio == 0.01
