@@ -17,7 +17,8 @@ compressor, ``+method=NAME``, the compressor with what it brings (`method_node`)
 ``configs/method/`` has no file of that name.
 
 Lists of every method are derived, not written out: an experiment sweeps
-``compressor: ${gracecomm.every:compressor}`` (`every`).
+``compressor: ${gracecomm.every:compressor}`` (`every`), and a YAML file that nests a
+registered class names its default, ``${gracecomm.default:topk,ratio}`` (`default`).
 
 `register_configs` fills the store and registers the resolver; every command composes inside
 `gracecomm.config.guard_composition`, which calls it first, so installed packages'
@@ -37,6 +38,7 @@ METHOD_GROUP = "method"
 CONFIG_PACKAGE = "gracecomm.configs"
 RUN_KEYS = "run_keys"  # the class attribute: option -> the key of the run's config it follows
 EVERY = "gracecomm.every"  # the resolver of `every`
+DEFAULT = "gracecomm.default"  # the resolver of `default`
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,15 @@ def every(kind: str, instead: Mapping[str, str] | None = None) -> str:
     return ",".join(str(instead.get(name, name)) for name in available(kind))
 
 
+def default(name: str, option: str) -> Any:
+    """The default of option `option` of compressor `name`: the resolver
+    ``${gracecomm.default:topk,ratio}``, for a YAML file that gives a registered class as a
+    nested part (``configs/compressor/compose.yaml``'s stages) without restating its default.
+    """
+    from gracecomm.registry import get, options_of
+    return _plain((options_of(get("compressor", name)) or {})[option].default)
+
+
 _registered: set[tuple[str, str]] = set()
 
 
@@ -187,8 +198,9 @@ def register_configs() -> None:
     """
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
-    if not OmegaConf.has_resolver(EVERY):
-        OmegaConf.register_new_resolver(EVERY, every)
+    for resolver, fn in ((EVERY, every), (DEFAULT, default)):
+        if not OmegaConf.has_resolver(resolver):
+            OmegaConf.register_new_resolver(resolver, fn)
     store = ConfigStore.instance()
     files: dict[str, set[str]] = {}
 
