@@ -109,3 +109,6 @@ DGCReference = COMPRESSORS.preset(
     strided sampling, re-selection above 1.3 k, up to 10 relaxations by 0.8 while fewer than
     0.8 k are selected, and the 4-epoch density warm-up.""",
     sampling="strided", reselect_above=1.3, relax_iters=10, warmup_epochs=4)
+# an experiment may shorten the warm-up (experiment.dgc_warmup_epochs) so that short runs
+# reach the target density at all (`gracecomm.configstore`)
+DGCReference.run_keys = {"warmup_epochs": "experiment.dgc_warmup_epochs"}

@@ -109,6 +109,7 @@ class Dithering(Compressor):
     fixed_size = True
     default_communicator = "allgather"
     child_attrs = ("streams",)
+    run_keys = {"seed": "seed"}  # the run's seed (`gracecomm.configstore`)
     natural_levels: ClassVar[bool] = False
     max_levels: ClassVar[int] = 2**16 - 1
 

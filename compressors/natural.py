@@ -91,6 +91,7 @@ class Natural(Compressor):
     fixed_size = True
     default_communicator = "allgather"
     child_attrs = ("streams",)
+    run_keys = {"seed": "seed"}  # the run's seed (`gracecomm.configstore`)
 
     def __init__(self, rounding: str = "stochastic", wire: str = "nat9",
                  exp_range: Sequence[int] = (-50, 10), low_clip: str = "stochastic",

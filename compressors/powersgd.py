@@ -128,6 +128,7 @@ class PowerSGD(Compressor):
     default_communicator = "allreduce"
     default_memory = "residual"
     communicators = ("allreduce",)
+    run_keys = {"seed": "seed"}  # the run's seed (`gracecomm.configstore`)
     state_attrs = ("q", "steps")  # and the RNG's state, below
 
     def __init__(self, rank: int = 2, warm_start: bool = True, seed: int = 0,

@@ -88,6 +88,7 @@ class RandomK(SparseSelection, Compressor):
     default_communicator = "allreduce"
     default_memory = "residual"
     child_attrs = ("streams",)
+    run_keys = {"seed": "seed"}  # every rank draws with the run's seed (`gracecomm.configstore`)
     training_defaults = MappingProxyType({"momentum": 0.0})
     sensitivities = (("trainer.momentum: with error feedback each coordinate is sent with "
                       "about 1/ratio steps of residual at once, and heavy-ball momentum on "

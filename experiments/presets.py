@@ -1,5 +1,6 @@
-"""Method presets by name: the files of ``configs/method/`` are the only place a named
-setting of a method lives (its compressor with options, memory, communicator, and the
+"""Method presets by name: every compressor by its name alone (generated from the registry,
+`gracecomm.configstore`), and the files of ``configs/method/``, the only place any other
+named setting of a method lives (its compressor with options, memory, communicator, and the
 trainer options it needs, e.g. ``trainer.exchange=torch`` for PyTorch's own hooks). Training
 picks one with ``+method=NAME``; the benchmarks (`gracecomm.experiments.cluster.netbench`, the
 ``hook`` and ``compressors`` suites of ``gracecomm-bench``,
@@ -21,6 +22,7 @@ import hydra
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from gracecomm.configstore import METHOD_GROUP, generated, method_names
 from gracecomm.registry import did_you_mean
 from gracecomm.validation import ConfigError
 
@@ -28,8 +30,8 @@ PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "method"
 
 
 def available() -> list[str]:
-    """Every preset name (the files of ``configs/method/``), sorted."""
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    """Every preset name (the compressors and the files of ``configs/method/``), sorted."""
+    return method_names()
 
 
 def check(names: list[str], owner: str, option: str = "methods") -> list[str]:
@@ -39,7 +41,8 @@ def check(names: list[str], owner: str, option: str = "methods") -> list[str]:
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ConfigError(f"{owner}: option '{option}' names {unknown}, which are not method "
-                          f"presets.{did_you_mean(unknown[0], known)} Presets (configs/method/): "
+                          f"presets.{did_you_mean(unknown[0], known)} Presets (every compressor "
+                          f"and configs/method/): "
                           f"{', '.join(known)}")
     return names
 
@@ -67,7 +70,9 @@ def overrides(name: str) -> list[str]:
 
 @cache
 def _raw(name: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(PRESET_DIR / f"{name}.yaml"))
+    path = PRESET_DIR / f"{name}.yaml"
+    return (OmegaConf.to_container(OmegaConf.load(path)) if path.exists()
+            else generated(METHOD_GROUP, name) or {})
 
 
 def extends(name: str) -> list[str]:

@@ -120,8 +120,9 @@ class Compressor(Part, ABC, kind="compressor"):
       each, which a trainer names when a run collapses or diverges.
 
     A subclass implements `compress` and `decompress` (or, ``model_level``,
-    `compress_model`), registers itself (``@COMPRESSORS.register("name")``) and has a YAML
-    file in ``configs/compressor/``; the rest has defaults.
+    `compress_model`) and registers itself (``@COMPRESSORS.register("name")``), which
+    makes ``compressor=name`` a command-line choice (`gracecomm.configstore`); the rest has
+    defaults.
 
     Example:
         Scaled sign: one byte per element and the mean magnitude, biased, so it brings

@@ -365,8 +365,12 @@ def guard_composition() -> Iterator[None]:
     """While the block runs, every config Hydra composes is checked (`check_composed`, with
     the overrides it was composed with) before Hydra uses any part of it: its callbacks,
     logging configuration, launcher and sweeper, and the job. The commands run their Hydra
-    entry point inside it."""
+    entry point inside it; it first offers the registered parts as config groups
+    (`gracecomm.configstore.register_configs`)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from gracecomm.configstore import register_configs
+    register_configs()
     original = ConfigLoaderImpl.load_configuration
     if getattr(original, "guarded", False):  # already inside a guard
         yield

@@ -1,5 +1,6 @@
 """Importing every module of a method package registers its classes, so adding a method is
-one new file (plus its YAML) and no shared list to edit."""
+one new file and no shared list to edit (its config group entry is generated,
+`gracecomm.configstore`)."""
 
 from __future__ import annotations
 

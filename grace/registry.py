@@ -191,8 +191,8 @@ class Registry:
                **defaults: Any) -> type:
         """Register a class with other default options: a preset written as data (the
         options that differ) rather than as a subclass restating the signature. Its
-        signature shows the preset's defaults, so option checks and the YAML test
-        (tests/test_configs.py) see them.
+        signature shows the preset's defaults, so option checks and its generated config
+        group entry (`gracecomm.configstore`) see them.
 
         Args:
             name: The preset's registry name.

@@ -20,8 +20,9 @@ from gracecomm.validation import PayloadError, check_ratio, num_kept
 DEFAULT_RATIO = 0.01
 """The density every sparsifier keeps by default, and every method built on one (Top-k,
 Random-k, DGC, SIDCo, RedSync, GaussianKSGD, LGC; DeepReduce and Compose through theirs), so
-that methods named without a ratio compare at one density. Their YAML files hold the same
-value (a test keeps them in step)."""
+that methods named without a ratio compare at one density. Their config group entries are
+generated from the classes (`gracecomm.configstore`), so this is the one place it is
+written."""
 
 
 def index_dtype(numel: int) -> torch.dtype:
@@ -97,7 +98,13 @@ class SparseSelection(ABC):
     comes before `Compressor` among a class's bases, so that its `subtract_decompressed`
     is the one used. A wrapper that re-encodes a selection (DeepReduce's index and value codecs)
     relies on this alone, and Compose's later stages on the first part of it (floating-point
-    values first), so a new sparsifier needs no change to either."""
+    values first), so a new sparsifier needs no change to either.
+
+    A sparsifier's ``ratio`` follows the experiment's ``experiment.ratio`` where an
+    experiment sets one (``run_keys``, `gracecomm.configstore`), so that every method of an
+    experiment keeps one density."""
+
+    run_keys: ClassVar[dict[str, str]] = {"ratio": "experiment.ratio"}
 
     @abstractmethod
     def kept_indices(self, payload: Payload, ctx: Any) -> torch.Tensor:

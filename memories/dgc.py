@@ -38,6 +38,7 @@ from gracecomm.validation import ConfigError, check_choice, check_range
 class DGCMemory(Memory):
 
     state_attrs = ("u", "v", "local_norm")
+    run_keys = {"momentum": "trainer.momentum"}  # the optimizer's, which then runs without
 
     def __init__(self, momentum: float = 0.9, nesterov: bool = False,
                  clip_norm: float | None = None, clip_scope: str = "model") -> None:

@@ -21,7 +21,9 @@ from gracecomm.validation import IncompatibleError, check_range
 @MEMORIES.register("efsignsgd")
 class EFSignSGDMemory(ResidualMemory):
     """Residual memory with beta = 1 and gamma = `lr` (set it to the optimiser's learning
-    rate; the YAML uses ``trainer.lr``)."""
+    rate; the config group entry follows ``trainer.lr``)."""
+
+    run_keys = {"lr": "trainer.lr"}
 
     def __init__(self, lr: float = 1.0) -> None:
         super().__init__(beta=1.0, gamma=float(check_range(lr, "memory 'efsignsgd'", "lr", 0.0,

@@ -1,8 +1,8 @@
-"""Every registry entry has a YAML file, every YAML file is registered or instantiable,
-and choosing a compressor picks the memory and communicator its class declares."""
+"""Every registry entry is a config group choice generated from its class
+(`gracecomm.configstore`), every YAML file a part group keeps adds something to it, and
+choosing a compressor picks the memory and communicator its class declares."""
 
 import dataclasses
-import inspect
 
 import pytest
 from hydra.utils import get_class
@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from gracecomm import build, registry
 from gracecomm.compressor import Capabilities
 from gracecomm.config import instantiate
+from gracecomm.configstore import entries, node_of, run_keys, yaml_names
 from gracecomm.experiments.training.config import build_grace, validate
 from gracecomm.validation import MissingDependency
 from tests.helpers import CONFIG_DIR, compose_train
@@ -20,21 +21,22 @@ GROUPS = ("compressor", "memory", "communicator", "model", "data", "trainer", "l
 
 
 def group_files(group):
-    """The part configs of `group` (the memory's and communicator's `auto` is not a part)."""
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml") if p.stem != "auto")
+    """The choices of `group`: its YAML files and, for the parts' groups, the entries
+    generated from the registry (the memory's and communicator's `auto` is not a part)."""
+    generated = {name for g, name, _ in entries() if g == group}
+    return sorted((set(yaml_names(group)) | generated) - {"auto"})
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_registry_and_yaml_in_step(kind):
+def test_every_registered_part_is_a_choice(kind):
+    """A registered class is a choice of its group by name with no YAML file: the
+    composed config instantiates that class."""
     names = registry.available(kind)
     assert names, f"no {kind} registered"
-    assert names == group_files(kind), (
-        f"configs/{kind}/ and the {kind} registry differ: only in registry "
-        f"{sorted(set(names) - set(group_files(kind)))}, only in YAML "
-        f"{sorted(set(group_files(kind)) - set(names))}")
+    assert names == group_files(kind)
     for name in names:
-        target = OmegaConf.load(CONFIG_DIR / kind / f"{name}.yaml")["_target_"]
-        assert get_class(target) is registry.get(kind, name), f"configs/{kind}/{name}.yaml"
+        cfg = compose_train(f"{kind}={name}")
+        assert get_class(cfg[kind]._target_) is registry.get(kind, name), f"{kind}={name}"
 
 
 def parts_of(pipeline):
@@ -158,39 +160,58 @@ def test_unlisted_target_is_refused():
         instantiate({"compressor": {"inner": {"_target_": "subprocess.run"}}})
 
 
-def part_files():
-    """Every part config with a class: the three groups and DeepReduce's nested ones."""
-    for group in KINDS:  # (the memory's and communicator's `auto` is not a part)
-        yield from (p for p in (CONFIG_DIR / group).glob("*.yaml") if p.stem != "auto")
-    yield from (p for p in (CONFIG_DIR / "compressor").glob("*/*.yaml")
-                if "_target_" in OmegaConf.load(p))
-
-
-@pytest.mark.parametrize("path", sorted(part_files()), ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_yaml_options_are_the_python_defaults(path):
-    """A part's YAML file states its class's defaults, so that `compressor=x` on the command
-    line and ``build("x")`` in Python run the same method. Values that interpolate the run
-    (``${seed}``, ``${trainer.lr}``) and options without a default are exempt; an option whose
-    Python default is None stands for the class's (or module's) ``<OPTION>_DEFAULTS``."""
-    node = OmegaConf.load(path)
-    cls = get_class(node._target_)
-    params = registry.options_of(cls)
-    raw = OmegaConf.to_container(node, resolve=False)
-    for entry in raw.pop("defaults", []):  # nested parts chosen by name (DeepReduce's)
-        raw.update(entry)
-    for key, value in raw.items():
-        if key == "_target_" or (isinstance(value, str) and "${" in value):
+@pytest.mark.parametrize("group,name,cls", sorted(
+    (e for e in entries() if e[1] not in yaml_names(e[0])), key=lambda e: e[:2]),
+    ids=lambda e: e if isinstance(e, str) else "")
+def test_generated_entry_is_the_python_default(group, name, cls):
+    """``compressor=x`` on the command line and ``build("x")`` in Python run the same method:
+    the generated entry, composed with the default training config, holds the class's
+    defaults. Options that follow the trainer (``trainer.lr``) are exempt; one whose Python
+    default is None and that is given as a mapping is the class's ``<OPTION>_DEFAULTS``."""
+    nested = ["compressor=deepreduce"] if group not in KINDS else []  # DeepReduce's groups
+    cfg = compose_train(*nested, f"{group}={name}")
+    node = OmegaConf.select(cfg, group.replace("/", "."))
+    assert get_class(node._target_) is cls
+    resolved = OmegaConf.to_container(node, resolve=True)
+    links = run_keys(cls)
+    for option, param in registry.options_of(cls).items():
+        if links.get(option, "").startswith("trainer."):
             continue
-        assert key in params, f"{path}: '{key}' is not an option of {cls.__qualname__}"
-        default = params[key].default
-        if default is params[key].empty:
-            continue
+        value, default = resolved[option], param.default
         if default is None and isinstance(value, dict):
-            name = f"{key.upper()}_DEFAULTS"
-            default = getattr(cls, name, getattr(inspect.getmodule(cls), name, None))
-            assert default is not None, f"{path}: '{key}' defaults to None in Python and " \
-                                        f"{cls.__qualname__} has no {name} to compare with"
-        if isinstance(default, tuple):
-            default = list(default)
-        assert value == default, (f"{path}: option '{key}' is {value!r} in YAML but "
-                                  f"{default!r} in {cls.__qualname__}")
+            continue
+        assert value == (list(default) if isinstance(default, tuple) else default), (
+            f"{group}={name}: option '{option}' composes to {value!r}, the class's default "
+            f"is {default!r}")
+
+
+def kept_part_files():
+    """Every YAML file the parts' groups keep (the generated entries replace the rest)."""
+    for group in (*KINDS, "compressor/sparsifier", "compressor/index", "compressor/value"):
+        for name in yaml_names(group):
+            yield group, name
+
+
+@pytest.mark.parametrize("group,name", sorted(kept_part_files()))
+def test_a_kept_part_file_adds_something(group, name):
+    """A YAML file in a part group is worth keeping only if it says what the class cannot:
+    a choice that is no registered class (``auto``, DeepReduce's ``none``), a nested
+    defaults list, or an option whose value is not the generated one."""
+    raw = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / group / f"{name}.yaml"),
+                                 resolve=False)
+    offered = {n: cls for g, n, cls in entries() if g == group}
+    if name not in offered or "defaults" in raw:
+        return
+    generated = node_of(offered[name])
+    assert {k: v for k, v in raw.items() if k != "_target_"} != {
+        k: generated.get(k) for k in raw if k != "_target_"}, (
+        f"configs/{group}/{name}.yaml restates the defaults its class gives; delete it")
+
+
+def test_dgc_samples_one_percent_of_the_gradient_as_the_paper():
+    """Lin et al., "Deep Gradient Compression" (ICLR 2018), Sec. 3: the threshold is found by
+    top-k selection on a sample of 0.1% to 1% of the gradient; DGC and its reference preset
+    sample the upper end, 1%, from the command line as from Python."""
+    for name in ("dgc", "dgc_reference"):
+        assert registry.create("compressor", name).sample_ratio == 0.01
+        assert instantiate(compose_train(f"compressor={name}").compressor).sample_ratio == 0.01

@@ -14,16 +14,19 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from gracecomm import registry
+from gracecomm.configstore import register_configs
+from gracecomm.experiments import presets
 from gracecomm.experiments.training.config import build_grace, validate
 from tests.helpers import CONFIG_DIR, compose_train
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
-PRESETS = sorted(p.stem for p in (CONFIG_DIR / "method").glob("*.yaml"))
+PRESETS = presets.available()
 GROUP_OPTIONS = {"compressor": registry.available("compressor"), "+method": PRESETS,
                  "method": PRESETS}
 
 
 def sweep_params(experiment: str) -> dict[str, str]:
+    register_configs()  # as every command does before it composes
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"+experiment={experiment}"],
                       return_hydra_config=True)

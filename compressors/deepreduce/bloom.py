@@ -278,6 +278,7 @@ class BloomIndex(IndexCodec):
     once)."""
 
     codec_id = 8
+    run_keys = {"fpr": "experiment.fpr"}  # an experiment's rate, where it sets one
     BACKENDS: ClassVar[tuple[str, ...]] = ("torch", "pybloom")
     HEADER: ClassVar[str] = "BI"
 

@@ -1,8 +1,8 @@
 """The two codec families of DeepReduce (Kostopoulou et al., Sec. 3, Fig. 2): an *index
 codec* encodes the index set S of a sparse tensor, a *value codec* its value array V, each
 independently of the other. Both are registries (kinds ``index_codec`` and ``value_codec``),
-so a new codec is one class plus one YAML file under ``configs/compressor/index`` or
-``configs/compressor/value``.
+offered as the config groups ``compressor/index`` and ``compressor/value``
+(`gracecomm.configstore`), so a new codec is one registered class.
 
 Byte order is little-endian and bit streams are LSB-first (see `gracecomm.wire`); the byte
 views used here assume a little-endian host, as every platform torch supports is.
@@ -20,12 +20,15 @@ import torch
 
 from gracecomm.compressors.shared.deflate import byte_tensor
 from gracecomm.compressors.shared.stochastic import kernels_enabled
+from gracecomm.configstore import add_group
 from gracecomm.registry import Registry, add_registry
 from gracecomm.state import Stateful
 from gracecomm.validation import PayloadError
 
 INDEX_CODECS = add_registry(Registry("index_codec", builtin="gracecomm.compressors.deepreduce"))
 VALUE_CODECS = add_registry(Registry("value_codec", builtin="gracecomm.compressors.deepreduce"))
+add_group("compressor/index", "index_codec")  # compressor/index=bloom
+add_group("compressor/value", "value_codec")  # compressor/value=polyfit
 
 
 @dataclass(frozen=True)

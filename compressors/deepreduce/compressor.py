@@ -45,6 +45,7 @@ from gracecomm.compressors.deepreduce.container import (
     unpack_mapping,
 )
 from gracecomm.compressors.shared.stochastic import kernels_enabled
+from gracecomm.configstore import add_group
 from gracecomm.pipeline import make_part
 from gracecomm.registry import COMPRESSORS
 from gracecomm.rng import SharedStreams, stable_hash
@@ -73,6 +74,11 @@ class DeepReduceCtx:
 
 Part = str | Mapping[str, Any] | None
 
+# compressor/sparsifier=dgc: every registered sparsifier with its defaults (and its memory);
+# ``none`` (keep the nonzeros, `NonZero`) is configs/compressor/sparsifier/none.yaml
+add_group("compressor/sparsifier", "compressor",
+          select=lambda cls: issubclass(cls, SparseSelection))
+
 
 @COMPRESSORS.register("deepreduce")
 class DeepReduce(Compressor):
@@ -83,6 +89,7 @@ class DeepReduce(Compressor):
     (allgather); its default memory is the sparsifier's (DGC's momentum correction for dgc)."""
 
     default_communicator = "allgather"
+    run_keys = {"seed": "seed"}  # shared Bloom hashes and priorities: the run's seed
     child_attrs = ("streams", "sparsifier", "index", "value")
 
     def __init__(self, sparsifier: Part | Compressor = "topk", index: Part | IndexCodec = "raw32",

@@ -118,6 +118,7 @@ class QSGDValues(CompressorValues):
     (options `rng` and `seed` as there)."""
 
     codec_id = 4
+    run_keys = {"seed": "seed"}  # the run's seed (`gracecomm.configstore`)
 
     def __init__(self, levels: int = 127, bucket: int = 512, rng: str = "counter",
                  seed: int = 0) -> None:

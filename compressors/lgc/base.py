@@ -91,6 +91,10 @@ class LGC(Compressor):
     default_memory = "residual"
     state_attrs = ("step", "synced", "ae_skipped")  # and the autoencoder, below
     decoder_innovation: ClassVar[bool] = False
+    # the density and phase lengths of the experiment that runs it, where it sets them
+    run_keys: ClassVar[dict[str, str]] = {"ratio": "experiment.ratio",
+                                          "warmup_iters": "experiment.warmup_iters",
+                                          "ae_train_iters": "experiment.ae_train_iters"}
     AE_DEFAULTS: ClassVar[dict[str, Any]] = {
         "optimizer": "adam", "lr": 1e-3, "lambda1": 1.0, "leaky_slope": 0.01,
         "input_scale": "rms"}

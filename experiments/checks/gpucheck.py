@@ -68,6 +68,7 @@ from gracecomm import communicators, compressors, memories, registry
 from gracecomm.compressor import Compressor, Payload
 from gracecomm.compressors.shared.stochastic import torch_paths
 from gracecomm.config import guarded, instantiate
+from gracecomm.configstore import register_configs
 from gracecomm.experiments.bench.compressors import synthetic
 from gracecomm.experiments.bench.timing import best_of_each
 from gracecomm.experiments.checks.gpucheck_report import Record, markdown, summary_line, sync_cells
@@ -126,6 +127,7 @@ def compressor_config(overrides: tuple[str, ...]) -> DictConfig:
     (once per method: every check instantiates its own copy)."""
     if GlobalHydra.instance().is_initialized():  # inside this entry point's Hydra run
         return hydra.compose(config_name="train", overrides=list(overrides)).compressor
+    register_configs()  # the registered parts' config groups, as the commands compose them
     with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return hydra.compose(config_name="train", overrides=list(overrides)).compressor
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from gracecomm.configstore import generated
 from gracecomm.experiments.training.config import CONFIG_DIR
 from gracecomm.experiments.training.summary import format_bytes
 
@@ -122,11 +123,13 @@ def option_text(key: str, value: Any) -> str:
 
 
 def _yaml_options(part: str, name: str) -> dict[str, Any]:
-    """The literal options of ``configs/PART/NAME.yaml`` (what the user gets by default)."""
+    """The literal options of config group entry PART=NAME (what the user gets by
+    default): ``configs/PART/NAME.yaml``, else the entry generated from the class."""
     path = CONFIG_DIR / part / f"{name}.yaml"
-    if not path.exists():
-        return {}
-    node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    if path.exists():
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    else:
+        node = generated(part, name) or {}
     node.pop("defaults", None)
     return {k: v for k, v in flatten(node).items() if not (isinstance(v, str) and "${" in v)}
 

@@ -26,6 +26,7 @@ from gracecomm.config import (
     instantiate,
     opted_in,
 )
+from gracecomm.configstore import node_of
 from gracecomm.experiments.training import checkpoint
 from gracecomm.experiments.training.launch import launched_externally
 from gracecomm.experiments.training.resume import resume_changes
@@ -80,8 +81,8 @@ def build_grace(cfg: DictConfig) -> Grace:
 
 def part_config(group: str, name: str) -> DictConfig:
     """The config of the `group` part registered as `name`: its file in ``configs/<group>/``
-    (with the trainer values it interpolates), else just its class (a part another package
-    registers). A path that leaves the config tree is refused."""
+    where there is one, else the entry generated from its class (`gracecomm.configstore`,
+    with the run values it interpolates). A path that leaves the config tree is refused."""
     where = Path(group, f"{name}.yaml")
     if where.is_absolute() or ".." in where.parts:
         raise ConfigError(f"part config {str(where)!r} leaves the config tree; give a group "
@@ -89,8 +90,7 @@ def part_config(group: str, name: str) -> DictConfig:
     path = CONFIG_DIR / where
     if path.exists():
         return OmegaConf.load(path)
-    cls = registry.get(group, name)
-    return OmegaConf.create({"_target_": f"{cls.__module__}.{cls.__qualname__}"})
+    return OmegaConf.create(node_of(registry.get(group, name)))
 
 
 def resolve_parts(cfg: DictConfig, compressor: Compressor) -> None:
