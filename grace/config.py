@@ -17,10 +17,16 @@ itself) is a target. ``allow_any_target`` lifts the check: it is an argument of 
 calls and, for the commands, an override on the command line (`opted_in`); a config file,
 a config directory or a sweeper's parameters cannot switch it on (`check_composed`).
 
-A composed Hydra config holds more than the run's parts: `check_composed` also checks its
-``hydra.*`` targets, the factories of its logging configs, the environment it sets for the
-job and every config group choice, and `guard_composition` makes Hydra check each config it
-composes before it uses any of it (callbacks, logging, launchers).
+A composed Hydra config holds more than the run's parts: `check_composed` checks it as
+Hydra and the job will use it (`as_used`: every interpolation resolved, so a callback or a
+logging handler built by ``${oc.decode:...}`` is checked like a written one): its
+``hydra.*`` targets, the Optuna sweeper's function hook (``custom_search_space``), the
+factories, streams and files of its logging configs (`check_logging`: a log file lies in
+the run directory), the environment it sets for the job, every config group choice, and
+the override lists it forwards to the commands it starts (`check_opt_in`).
+`guard_composition` makes Hydra check each config it composes before it uses any of it
+(callbacks, logging, launchers) and refuse a defaults entry outside the config tree before
+reading it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import resources
@@ -292,10 +299,16 @@ def check_composed(cfg: Any, overrides: Sequence[str]) -> None:
                                                                    "hydra.sweeper")))
     hydra = used.get("hydra") if isinstance(used, Mapping) else None
     hydra = hydra if isinstance(hydra, Mapping) else {}
+    output_dir = _output_dir(node)
     for section in ("job_logging", "hydra_logging"):
-        check_logging(hydra.get(section), f"hydra.{section}", _output_dir(node),
+        check_logging(hydra.get(section), f"hydra.{section}", output_dir,
                       chdir=section == "job_logging" and _true(
                           (hydra.get("job") or {}).get("chdir")))
+    subdir = hydra.get("output_subdir")
+    if subdir is not None and not _inside(os.path.join(output_dir, str(subdir)), output_dir):
+        raise ConfigError(f"config 'hydra.output_subdir' is {subdir!r}, outside the run "
+                          f"directory ({output_dir}), where Hydra would write the composed "
+                          "config; it must be a folder inside it (Hydra's default: .hydra)")
     sweeper = hydra.get("sweeper") or {}
     if sweeper.get("custom_search_space") is not None:
         raise ConfigError(
@@ -325,12 +338,16 @@ def _leaves_tree(config_path: str) -> bool:
     return config_path.startswith("/") or ".." in config_path.split("/")
 
 
+def _inside(path: str, folder: str) -> bool:
+    """Whether `path` (made absolute, ``..`` resolved) lies inside the absolute `folder`."""
+    path = os.path.normpath(os.path.abspath(path))
+    return path != folder and os.path.commonpath([path, folder]) == folder
+
+
 def _output_dir(node: Any) -> str:
     """The job's output directory, as Hydra will set ``hydra.runtime.output_dir`` (an
     absolute path): ``hydra.run.dir``, or ``hydra.sweep.dir``/``hydra.sweep.subdir`` for a
     multirun's job."""
-    import os
-
     from hydra.types import RunMode
     from omegaconf import OmegaConf
     given = OmegaConf.select(node, "hydra.runtime.output_dir", default=None,
@@ -491,7 +508,6 @@ def check_logging(section: Any, path: str, output_dir: str, *, chdir: bool) -> N
     `LOGGING_EXTERNALS` and writes only files under the job's output directory
     `output_dir` (a relative file name is relative to it where the job changes into it,
     `chdir`, and to the working directory otherwise)."""
-    import os
     if not isinstance(section, Mapping):
         return
     for where, _, value in _nodes(section, ("()", "class"), path):
@@ -504,8 +520,8 @@ def check_logging(section: Any, path: str, output_dir: str, *, chdir: bool) -> N
             raise ConfigError(f"config '{where}' refers to {value!r}; the logging "
                               f"configuration may refer to {', '.join(LOGGING_EXTERNALS)}")
     for where, key, value in _nodes(section, ("filename",), path):
-        name = os.path.normpath(os.path.join(output_dir if chdir else os.getcwd(), str(value)))
-        if os.path.commonpath([name, output_dir]) != output_dir or name == output_dir:
+        if not _inside(os.path.join(output_dir if chdir else os.getcwd(), str(value)),
+                       output_dir):
             raise ConfigError(
                 f"config '{where}.{key}' is {value!r}, outside the run directory "
                 f"({output_dir}); a log file of a config must be in the run directory: "

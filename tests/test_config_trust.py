@@ -189,6 +189,12 @@ def test_a_log_file_outside_the_run_directory_is_refused(tmp_path, where, sectio
             "filename", "run directory")
 
 
+@pytest.mark.parametrize("subdir", ["../../elsewhere", "/tmp/gracecomm_evil"])
+def test_hydra_output_subdir_outside_the_run_directory_is_refused(subdir):
+    refused(lambda: compose_config(f"hydra.output_subdir={subdir}"), "hydra.output_subdir",
+            "run directory")
+
+
 def test_a_log_file_in_the_run_directory_is_allowed(tmp_path):
     text = ("hydra:\n  job_logging:\n    handlers:\n      extra:\n"
             "        class: logging.FileHandler\n"
