@@ -511,7 +511,7 @@ def check_logging(section: Any, path: str, output_dir: str, *, chdir: bool) -> N
     if not isinstance(section, Mapping):
         return
     for where, _, value in _nodes(section, ("()", "class"), path):
-        if value not in LOGGING_TARGETS:
+        if not isinstance(value, str) or value not in LOGGING_TARGETS:
             raise ConfigError(f"config '{where}' names {value!r}, which the logging "
                               f"configuration may not construct; allowed: "
                               f"{', '.join(sorted(LOGGING_TARGETS))}")

@@ -139,6 +139,7 @@ HANDLERS = {
     "decode_hidden": "sock: ${oc.decode:${hidden}}",
     "node": "sock: ${hidden_node}",
     "class": "sock: {class: \"${oc.decode:'logging.handlers.SocketHandler'}\", host: x, port: 9}",
+    "class_node": "sock: {class: {SocketHandler: 1}, host: x, port: 9}",
 }
 
 
