@@ -17,10 +17,16 @@ itself) is a target. ``allow_any_target`` lifts the check: it is an argument of 
 calls and, for the commands, an override on the command line (`opted_in`); a config file,
 a config directory or a sweeper's parameters cannot switch it on (`check_composed`).
 
-A composed Hydra config holds more than the run's parts: `check_composed` also checks its
-``hydra.*`` targets, the factories of its logging configs, the environment it sets for the
-job and every config group choice, and `guard_composition` makes Hydra check each config it
-composes before it uses any of it (callbacks, logging, launchers).
+A composed Hydra config holds more than the run's parts: `check_composed` checks it as
+Hydra and the job will use it (`as_used`: every interpolation resolved, so a callback or a
+logging handler built by ``${oc.decode:...}`` is checked like a written one): its
+``hydra.*`` targets, the Optuna sweeper's function hook (``custom_search_space``), the
+factories, streams and files of its logging configs (`check_logging`: a log file lies in
+the run directory), the environment it sets for the job, every config group choice, and
+the override lists it forwards to the commands it starts (`check_opt_in`).
+`guard_composition` makes Hydra check each config it composes before it uses any of it
+(callbacks, logging, launchers) and refuse a defaults entry outside the config tree before
+reading it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import resources
@@ -254,27 +261,22 @@ def opted_in(overrides: Sequence[str]) -> bool:
 
 def check_composed(cfg: Any, overrides: Sequence[str]) -> None:
     """Check a composed Hydra config, ``hydra`` node included, composed with `overrides`
-    (the command line's): every ``_target_`` (unless `opted_in`), the factories of its
-    logging configs, the variables ``hydra.job.env_set`` sets, every config group choice,
-    and that only `overrides` switch ``allow_any_target`` on. Raises `ConfigError` naming
-    the config path, what is wrong and what is allowed."""
+    (the command line's), as Hydra and the job will use it (`as_used`: every interpolation
+    resolved): every ``_target_`` (unless `opted_in`), Hydra's callbacks, launcher and
+    sweeper (the Optuna sweeper's function hook ``custom_search_space`` included), the
+    factories and files of its logging configs, the variables ``hydra.job.env_set`` sets,
+    every config group choice, and that only `overrides` switch ``allow_any_target`` on,
+    for this command or for the commands it starts (`check_opt_in`). Raises `ConfigError`
+    naming the config path, what is wrong and what is allowed."""
     from omegaconf import DictConfig, OmegaConf
     given = _override_keys(overrides)
     opened = _true(given.get(OPT_IN))
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
-    if _true(node.get(OPT_IN, False)) and not opened:
-        raise ConfigError(f"a config file sets {OPT_IN}: true; only the person running the "
-                          f"command can allow any target: give {OPT_IN}=true on the command "
-                          "line (or allow_any_target=True in Python)")
-    params = OmegaConf.select(node, "hydra.sweeper.params")
-    if isinstance(params, Mapping) and any(str(k).lstrip("+~") == OPT_IN for k in params) \
-            and OPT_IN not in given and f"hydra.sweeper.params.{OPT_IN}" not in given:
-        raise ConfigError(f"config 'hydra.sweeper.params' sweeps {OPT_IN}; only the person "
-                          f"running the command can allow any target: give {OPT_IN}=true on "
-                          "the command line")
+    used, unresolved = as_used(node)
+    check_opt_in(used, given)
     choices = OmegaConf.select(node, "hydra.runtime.choices")
     for group, choice in (_plain(choices, resolve=False) or {}).items():
-        if isinstance(choice, str) and (choice.startswith("/") or ".." in choice.split("/")):
+        if isinstance(choice, str) and _leaves_tree(choice):
             raise ConfigError(f"config group '{group}': choice {choice!r} leaves the config "
                               "tree; a choice is the name of a file in its group's folder "
                               "(on the search path), without '..' or a leading '/'")
@@ -287,43 +289,243 @@ def check_composed(cfg: Any, overrides: Sequence[str]) -> None:
                               f"command. A config may set {', '.join(sorted(JOB_ENVIRONMENT))}")
     if opened:
         return
-    for path, target in _resolved(node, ("_target_",)):
+    for path, raw in unresolved.items():
+        if path.endswith("._target_") or path == "_target_" or path.startswith(HYDRA_BUILDS):
+            raise ConfigError(f"config '{path}' is {raw!r}, which cannot be resolved before "
+                              "the run, so what it builds cannot be checked; give the value "
+                              "itself (a registered part or a listed class by name)")
+    for path, _, target in _nodes(used, ("_target_",)):
         check_target(target, path, hydra_plugins=path.startswith(("hydra.launcher",
                                                                    "hydra.sweeper")))
-    for section in ("hydra.job_logging", "hydra.hydra_logging"):
-        for path, value in _resolved(OmegaConf.select(node, section), ("()", "class"), section):
-            if value not in LOGGING_TARGETS:
-                raise ConfigError(f"config '{path}' names {value!r}, which the logging "
-                                  f"configuration may not construct; allowed: "
-                                  f"{', '.join(sorted(LOGGING_TARGETS))}")
-        for path, value in _strings(_plain(OmegaConf.select(node, section), resolve=False),
-                                    section):
-            if value.startswith("ext://") and value not in LOGGING_EXTERNALS:
-                raise ConfigError(f"config '{path}' refers to {value!r}; the logging "
-                                  f"configuration may refer to {', '.join(LOGGING_EXTERNALS)}")
-    setup = OmegaConf.select(node, "hydra.launcher.setup")
+    hydra = used.get("hydra") if isinstance(used, Mapping) else None
+    hydra = hydra if isinstance(hydra, Mapping) else {}
+    output_dir = _output_dir(node)
+    for section in ("job_logging", "hydra_logging"):
+        check_logging(hydra.get(section), f"hydra.{section}", output_dir,
+                      chdir=section == "job_logging" and _true(
+                          (hydra.get("job") or {}).get("chdir")))
+    subdir = hydra.get("output_subdir")
+    if subdir is not None and not _inside(os.path.join(output_dir, str(subdir)), output_dir):
+        raise ConfigError(f"config 'hydra.output_subdir' is {subdir!r}, outside the run "
+                          f"directory ({output_dir}), where Hydra would write the composed "
+                          "config; it must be a folder inside it (Hydra's default: .hydra)")
+    sweeper = hydra.get("sweeper") or {}
+    if sweeper.get("custom_search_space") is not None:
+        raise ConfigError(
+            "config 'hydra.sweeper.custom_search_space' names "
+            f"{sweeper['custom_search_space']!r}, a function the Optuna sweeper would import "
+            "and call with the config and every trial; a config may not name a function: "
+            "describe the search space in hydra.sweeper.params, or give "
+            f"{OPT_IN}=true on the command line to allow it")
+    setup = (hydra.get("launcher") or {}).get("setup")
     if setup:
         raise ConfigError(f"config 'hydra.launcher.setup' holds shell commands ({setup}); "
                           f"give {OPT_IN}=true on the command line to run them")
 
 
-def _resolved(node: Any, keys: Sequence[str], base: str = "") -> Iterator[tuple[str, Any]]:
-    """(path, value) of every entry of `node` under one of `keys`, at any depth, its value
-    resolved; an interpolation that cannot be resolved before the run is refused."""
+# -- the config as Hydra will use it --------------------------------------------------------
+
+# The parts of the ``hydra`` node that Hydra itself builds objects from: each must resolve
+# before the run, so that the check sees what Hydra will build.
+HYDRA_BUILDS = ("hydra.callbacks", "hydra.launcher", "hydra.sweeper", "hydra.job_logging",
+                "hydra.hydra_logging")
+MAX_CHECKED_NODES = 200_000  # a config that resolves to more is refused, not walked
+
+
+def _leaves_tree(config_path: str) -> bool:
+    """Whether a config group choice or defaults entry names a file outside the config
+    tree (a ``..`` part, or a leading ``/``)."""
+    return config_path.startswith("/") or ".." in config_path.split("/")
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether `path` (made absolute, ``..`` resolved) lies inside the absolute `folder`."""
+    path = os.path.normpath(os.path.abspath(path))
+    return path != folder and os.path.commonpath([path, folder]) == folder
+
+
+def _output_dir(node: Any) -> str:
+    """The job's output directory, as Hydra will set ``hydra.runtime.output_dir`` (an
+    absolute path): ``hydra.run.dir``, or ``hydra.sweep.dir``/``hydra.sweep.subdir`` for a
+    multirun's job."""
+    from hydra.types import RunMode
     from omegaconf import OmegaConf
-    if node is None:
+    given = OmegaConf.select(node, "hydra.runtime.output_dir", default=None,
+                             throw_on_missing=False)
+    if isinstance(given, str):
+        return os.path.abspath(given)
+    try:
+        if OmegaConf.select(node, "hydra.mode") == RunMode.MULTIRUN:
+            out = os.path.join(str(OmegaConf.select(node, "hydra.sweep.dir")),
+                               str(OmegaConf.select(node, "hydra.sweep.subdir")))
+        else:
+            out = str(OmegaConf.select(node, "hydra.run.dir"))
+    except Exception:  # noqa: BLE001 - Hydra fails on it itself; judge against the cwd
+        out = "."
+    return os.path.abspath(out)
+
+
+@contextlib.contextmanager
+def _hydra_config_of(node: Any) -> Iterator[Any]:
+    """A copy of the composed config `node` whose ``hydra`` node is what the job sees
+    (``hydra.runtime.output_dir`` and, for a multirun, the job's number set), made
+    `HydraConfig`'s while the block runs, so that ``${hydra:...}`` resolves as in the job."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict, read_write
+    node = copy.deepcopy(node)
+    instance = HydraConfig.instance()
+    saved = instance.cfg
+    try:
+        if OmegaConf.select(node, "hydra.runtime") is not None:
+            output_dir = _output_dir(node)
+            with read_write(node.hydra), open_dict(node.hydra):
+                for key, value in (("job.num", 0), ("job.id", "0"),
+                                   ("runtime.output_dir", output_dir)):
+                    parent, _, leaf = key.rpartition(".")
+                    if OmegaConf.is_missing(node.hydra[parent], leaf):
+                        node.hydra[parent][leaf] = value
+            with contextlib.suppress(Exception):  # not a Hydra-composed config
+                instance.set_config(node)
+        yield node
+    finally:
+        instance.cfg = saved
+
+
+def as_used(cfg: Any) -> tuple[Any, dict[str, str]]:
+    """A composed config as Hydra and the job will use it: a plain copy with every
+    interpolation resolved (an interpolation may build a whole node: ``${oc.create:...}``,
+    ``${oc.decode:...}``, a node reference, a callback of ``hydra.callbacks``), and the
+    path and text of each interpolation that cannot be resolved before the run.
+
+    Args:
+        cfg: The composed config (a DictConfig, ``hydra`` node included, or a mapping).
+
+    Returns:
+        (the resolved plain config, {config path: interpolation text}).
+
+    Raises:
+        ConfigError: the config resolves to more than `MAX_CHECKED_NODES` nodes.
+    """
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    unresolved: dict[str, str] = {}
+    count = [0]
+
+    def walk(node: Any, path: str) -> Any:
+        count[0] += 1
+        if count[0] > MAX_CHECKED_NODES:
+            raise ConfigError(f"the config resolves to more than {MAX_CHECKED_NODES} "
+                              "values; it is refused rather than checked")
+        if isinstance(node, (dict, list, tuple)):  # a resolver's plain result: Hydra makes
+            try:                                   # a config of it, resolving it again
+                node = OmegaConf.create(node if isinstance(node, dict) else list(node))
+            except Exception:  # noqa: BLE001 - not a config: kept as it is
+                return node
+        if isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():
+            items: Iterable[Any] = node.keys()
+        elif isinstance(node, ListConfig) and not node._is_none() and not node._is_missing():
+            items = range(len(node))
+        else:
+            return node
+        out: Any = {} if isinstance(node, DictConfig) else []
+        for key in items:
+            where = (f"{path}[{key}]" if isinstance(node, ListConfig) else
+                     f"{path}.{key}" if path else str(key))
+            child = node._get_node(key)
+            if child is not None and child._is_missing():
+                value: Any = "???"
+            else:
+                try:
+                    value = walk(node[key], where)
+                except ConfigError:
+                    raise
+                except Exception:  # noqa: BLE001 - any failure: unresolvable before the run
+                    unresolved[where] = str(child._value() if child is not None else "")
+                    continue
+            if isinstance(out, dict):
+                out[key] = value
+            else:
+                out.append(value)
+        return out
+
+    with _hydra_config_of(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)) \
+            as node:
+        return walk(node, ""), unresolved
+
+
+def _forwarded(value: str) -> bool:
+    """Whether `value`, given as an override to another command, could switch
+    ``allow_any_target`` on there (anything naming it but ``allow_any_target=false``)."""
+    if OPT_IN not in value:
+        return False
+    try:
+        keys = _override_keys([value])
+    except Exception:  # noqa: BLE001 - not an override we can read: it may be one there
+        return True
+    return not (set(keys) == {OPT_IN} and keys[OPT_IN] in (False, "false"))
+
+
+def check_opt_in(used: Any, given: Mapping[str, Any]) -> None:
+    """Raise `ConfigError` unless ``allow_any_target`` comes only from the command line
+    (`given`, its overrides by key): not from a config file's ``allow_any_target: true``, a
+    sweeper's parameters, nor an override list the config forwards to the commands it
+    starts (netbench's ``overrides``, gracecomm-bench's ``hook.overrides``), each resolved
+    (`used`). A forwarded list may carry it where the command line gave that list."""
+    opened = _true(given.get(OPT_IN))
+    used = used if isinstance(used, Mapping) else {}
+    if _true(used.get(OPT_IN, False)) and not opened:
+        raise ConfigError(f"a config file sets {OPT_IN}: true; only the person running the "
+                          f"command can allow any target: give {OPT_IN}=true on the command "
+                          "line (or allow_any_target=True in Python)")
+    params = ((used.get("hydra") or {}).get("sweeper") or {}).get("params")
+    for key, value in (params or {}).items() if isinstance(params, Mapping) else ():
+        name = f"hydra.sweeper.params.{key}"
+        if (str(key).lstrip("+~") == OPT_IN or (isinstance(value, str) and OPT_IN in value)) \
+                and OPT_IN not in given and name not in given:
+            raise ConfigError(f"config '{name}' sweeps {OPT_IN}; only the person running "
+                              f"the command can allow any target: give {OPT_IN}=true on "
+                              "the command line")
+    if opened:
         return
-    for path, key, value in _nodes(_plain(node, resolve=False), keys):
-        where = f"{base}.{path}" if base else path
-        if isinstance(value, str) and "${" in value:
-            try:
-                parent = node if path == "<root>" else OmegaConf.select(
-                    node, path, throw_on_resolution_failure=True)
-                value = parent[key]
-            except Exception as err:  # noqa: BLE001 - any failure: not a literal name
-                raise ConfigError(f"config '{where}' names {value!r}, which cannot be "
-                                  f"resolved before the run ({err}); name the class") from None
-        yield where, value
+    job = {key: value for key, value in used.items() if key != "hydra"}
+    for path, value in _strings(job, ""):
+        if not _forwarded(value):
+            continue
+        where = path.lstrip(".")
+        key = where[:where.rfind("[")] if where.endswith("]") else where
+        from_command_line = given.get(key)
+        if isinstance(from_command_line, list) and value in map(str, from_command_line):
+            continue
+        raise ConfigError(f"config '{where}' forwards {value!r} to the command it starts; "
+                          "only the person running the command can allow any target: give "
+                          f"the list on the command line ('{key}=[...,{OPT_IN}=true]')")
+
+
+def check_logging(section: Any, path: str, output_dir: str, *, chdir: bool) -> None:
+    """Raise `ConfigError` unless a resolved logging configuration (``hydra.job_logging``,
+    ``hydra.hydra_logging`` at `path`) constructs only `LOGGING_TARGETS`, refers only to
+    `LOGGING_EXTERNALS` and writes only files under the job's output directory
+    `output_dir` (a relative file name is relative to it where the job changes into it,
+    `chdir`, and to the working directory otherwise)."""
+    if not isinstance(section, Mapping):
+        return
+    for where, _, value in _nodes(section, ("()", "class"), path):
+        if not isinstance(value, str) or value not in LOGGING_TARGETS:
+            raise ConfigError(f"config '{where}' names {value!r}, which the logging "
+                              f"configuration may not construct; allowed: "
+                              f"{', '.join(sorted(LOGGING_TARGETS))}")
+    for where, value in _strings(section, path):
+        if value.startswith("ext://") and value not in LOGGING_EXTERNALS:
+            raise ConfigError(f"config '{where}' refers to {value!r}; the logging "
+                              f"configuration may refer to {', '.join(LOGGING_EXTERNALS)}")
+    for where, key, value in _nodes(section, ("filename",), path):
+        if not _inside(os.path.join(output_dir if chdir else os.getcwd(), str(value)),
+                       output_dir):
+            raise ConfigError(
+                f"config '{where}.{key}' is {value!r}, outside the run directory "
+                f"({output_dir}); a log file of a config must be in the run directory: "
+                "${hydra.runtime.output_dir}/NAME.log")
 
 
 def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
@@ -343,7 +545,8 @@ class RefusedConfig(ConfigError, CompactHydraException):
 
 def guarded(entry: Callable[[], Any]) -> Callable[[], Any]:
     """A command's Hydra entry point (a ``@hydra.main`` function), run inside
-    `guard_composition`: what the console scripts call.
+    `guard_composition`: what the console scripts call. A refused config ends the command
+    with its one-line message on stderr and exit code 1, before any part of it is used.
 
     Args:
         entry: The ``@hydra.main`` function.
@@ -354,19 +557,21 @@ def guarded(entry: Callable[[], Any]) -> Callable[[], Any]:
 
     @functools.wraps(entry)
     def command() -> Any:
-        with guard_composition():
+        with guard_composition(exit_on_refusal=True):
             return entry()
 
     return command
 
 
 @contextlib.contextmanager
-def guard_composition() -> Iterator[None]:
+def guard_composition(*, exit_on_refusal: bool = False) -> Iterator[None]:
     """While the block runs, every config Hydra composes is checked (`check_composed`, with
-    the overrides it was composed with) before Hydra uses any part of it: its callbacks,
-    logging configuration, launcher and sweeper, and the job. The commands run their Hydra
-    entry point inside it; it first offers the registered parts as config groups
-    (`gracecomm.configstore.register_configs`)."""
+    the overrides it was composed with, and no defaults entry may leave the config tree)
+    before Hydra uses any part of it: its callbacks, logging configuration, launcher and
+    sweeper, and the job. The commands run their Hydra entry point inside it
+    (`guarded`), with `exit_on_refusal`: a refusal prints its one line and exits with code 1
+    (rather than raise `RefusedConfig`, which Hydra prints with a hint below it). It first
+    offers the registered parts as config groups (`gracecomm.configstore.register_configs`)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     from gracecomm.configstore import register_configs
@@ -378,10 +583,15 @@ def guard_composition() -> Iterator[None]:
 
     def load_configuration(self: Any, config_name: Any, overrides: list[str], *args: Any,
                            **kwargs: Any) -> Any:
-        cfg = original(self, config_name, overrides, *args, **kwargs)
         try:
+            with _defaults_in_tree():
+                cfg = original(self, config_name, overrides, *args, **kwargs)
             check_composed(cfg, overrides)
-        except ConfigError as err:  # Hydra prints this kind as its message alone
+        except ConfigError as err:
+            if exit_on_refusal:
+                print(f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr,
+                      flush=True)
+                raise SystemExit(1) from None
             raise RefusedConfig(str(err)) from None
         return cfg
 
@@ -391,3 +601,27 @@ def guard_composition() -> Iterator[None]:
         yield
     finally:
         ConfigLoaderImpl.load_configuration = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _defaults_in_tree() -> Iterator[None]:
+    """While the block runs, Hydra refuses to load a config that a defaults list names
+    outside the config tree (``- ../../outside/file``: a ``..`` part or a leading ``/``),
+    before reading it."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    original = ConfigLoaderImpl._load_single_config
+
+    def load_single_config(self: Any, default: Any, repo: Any) -> Any:
+        path = str(default.config_path)
+        if _leaves_tree(path):
+            parent = getattr(default, "parent", None) or "the primary config"
+            raise ConfigError(f"config '{parent}': defaults entry {path!r} leaves the config "
+                              "tree; a defaults entry names a file on the search path (a "
+                              "group's folder and file name), without '..' or a leading '/'")
+        return original(self, default, repo)
+
+    ConfigLoaderImpl._load_single_config = load_single_config  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl._load_single_config = original  # type: ignore[method-assign]
