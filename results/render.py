@@ -3,18 +3,30 @@
     python results/render.py            # rewrite every rendered block of every page
     python results/render.py --check    # exit 1 with a diff where a page differs from its render
 
-A page marks what is rendered with ``<!-- render: NAME ARG... -->`` and ``<!-- /render -->``:
-on lines of their own for a block (a table, with a footer naming the stamp of every step it
-read), inside a line for an inline value (no footer). NAME is a renderer, ARGs its arguments
-(words, quoted as in a shell where they hold spaces). A renderer is a function
+A page marks what is rendered with HTML comments, which neither GitHub nor the site shows.
+What renders it is a SPEC, ``NAME ARG...``: NAME a renderer, ARGs its arguments (words, quoted
+as in a shell where they hold spaces). A mark names its SPEC in one of three ways:
+
+- in place, for a block: ``<!-- render: SPEC -->`` and ``<!-- /render -->`` on lines of their
+  own around a table (which ends with a footer naming the stamp of every step it read);
+- by key, for a value in a sentence: ``VALUE<!--KEY-->`` (a value of one word: the characters
+  before the comment up to a space or one of ``([*`"'``), or ``<!--KEY-->VALUE<!--/-->`` (a
+  value of several words, or a block of prose and a table);
+- the keys of a page are defined once, at its bottom, in one comment (``KEY: SPEC`` a line)::
+
+      <!-- render keys (results/render.py):
+      fr.kb: value first_run topk.json wire_bytes_per_step*0.001 '{:.1f}'
+      -->
+
+so that a sentence carries a short key, not its SPEC. A renderer is a function
 ``(ctx, *args) -> str`` listed in the ``RENDERERS`` dict of a module in
 ``results/renderers/``; it reads nothing but the stored outputs of the steps it asks
 `Context.step` for (``results/STEP/``: the step's files and its stamp ``run.json``, written
 by ``results/stamp.py``), so a page renders the same on any machine, and a re-run of one
-step changes only the blocks that read it.
+step changes only the values that read it.
 
 To add one: write the function in a module of ``results/renderers/`` (a new module for a new
-family of results), add it to that module's ``RENDERERS``, and put the markers in the page.
+family of results), add it to that module's ``RENDERERS``, and mark the page.
 """
 
 from __future__ import annotations
@@ -37,6 +49,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 MARKER = re.compile(r"<!-- render: *(?P<spec>[^\n]*?) *-->(?P<body>.*?)<!-- /render -->", re.S)
 OPEN, CLOSE = "<!-- render:", "<!-- /render -->"
+KEYS = re.compile(r"<!-- render keys[^\n]*\n(?P<defs>.*?)-->\n?", re.S)  # the page's keys
+TAG = r"<!--(?P<key>[\w.-]+)-->"
+KEYED = re.compile(  # <!--KEY-->VALUE<!--/--> (no comment in VALUE), or WORD<!--KEY-->
+    TAG + r"(?P<body>(?:(?!<!--).)*?)<!--/-->"
+    r"|(?P<word>[^\s([*`\"'<>]*)<!--(?P<key2>[\w.-]+)-->(?!(?:(?!<!--).)*?<!--/-->)", re.S)
+WORD = re.compile(r"[^\s([*`\"'<>]+")
 
 Renderer = Callable[..., str]
 
@@ -177,15 +195,73 @@ def load(stamp: dict[str, Any]) -> str:
         f"load average {before:g} before")
 
 
-def render_text(text: str, page: Path, registry: dict[str, Renderer],
-                root: Path = ROOT) -> str:
-    """`text` with every marked block rendered again."""
+@dataclass
+class Mark:
+    """One rendered thing of a page: its SPEC, its body as the page has it, its span in the
+    page's text (markup included) and the form it is written in."""
+
+    spec: str
+    body: str
+    start: int
+    end: int
+    form: str  # "in place", "keyed" (<!--KEY-->BODY<!--/-->) or "word" (BODY<!--KEY-->)
+    key: str = ""
+
+
+def keys(text: str, page: Path) -> dict[str, str]:
+    """The page's keys, KEY -> SPEC, from its ``<!-- render keys ... -->`` comment."""
+    blocks = KEYS.findall(text)
+    if len(blocks) > 1:
+        raise SystemExit(f"render: {page}: define the keys in one '<!-- render keys' comment, "
+                         f"not {len(blocks)}")
+    defined: dict[str, str] = {}
+    for line in (blocks[0] if blocks else "").splitlines():
+        if not line.strip():
+            continue
+        key, sep, spec = line.partition(":")
+        if not sep or not re.fullmatch(r"[\w.-]+", key.strip()) or not spec.strip():
+            raise SystemExit(f"render: {page}: a line of the keys must be 'KEY: SPEC' (KEY of "
+                             f"letters, digits, '_', '.', '-'), not {line!r}")
+        if key.strip() in defined:
+            raise SystemExit(f"render: {page}: key '{key.strip()}' is defined twice")
+        defined[key.strip()] = spec.strip()
+    return defined
+
+
+def marks(text: str, page: Path) -> list[Mark]:
+    """Every mark of `text`, in order, each with its SPEC (a key looked up); a key that is
+    not defined, a key defined and not used, or an unpaired in-place mark is an error."""
     if text.count(OPEN) != text.count(CLOSE) or text.count(OPEN) != len(MARKER.findall(text)):
         raise SystemExit(f"render: {page}: every '{OPEN} NAME -->' needs one '{CLOSE}' after "
                          "it, and they do not nest")
+    defined = keys(text, page)
+    bare = KEYS.sub(lambda m: " " * len(m[0]), text)
+    found = [Mark(m["spec"], m["body"], m.start(), m.end(), "in place")
+             for m in MARKER.finditer(bare)]
+    for m in KEYED.finditer(bare):
+        key = m["key"] or m["key2"]
+        if key not in defined:
+            raise SystemExit(f"render: {page}: key '{key}' is not defined in the page's "
+                             "'<!-- render keys' comment")
+        if m["key"]:
+            found.append(Mark(defined[key], m["body"], m.start(), m.end(), "keyed", key))
+        else:
+            found.append(Mark(defined[key], m["word"], m.start(), m.end(), "word", key))
+    if bare.count("<!--/-->") != sum(mark.form == "keyed" for mark in found):
+        raise SystemExit(f"render: {page}: a '<!--/-->' closes no '<!--KEY-->' (nothing but "
+                         "the value may stand between them)")
+    unused = sorted(set(defined) - {mark.key for mark in found})
+    if unused:
+        raise SystemExit(f"render: {page}: keys defined but not used: {', '.join(unused)}")
+    return sorted(found, key=lambda mark: mark.start)
 
-    def replace(match: re.Match[str]) -> str:
-        name, *args = shlex.split(match["spec"])
+
+def render_text(text: str, page: Path, registry: dict[str, Renderer],
+                root: Path = ROOT) -> str:
+    """`text` with every mark rendered again."""
+    out, at = [], 0
+    for mark in marks(text, page):
+        name, *args = shlex.split(mark.spec)
         if name not in registry:
             raise SystemExit(f"render: {page}: no renderer '{name}'; renderers: "
                              f"{', '.join(sorted(registry))}")
@@ -193,12 +269,32 @@ def render_text(text: str, page: Path, registry: dict[str, Renderer],
         try:
             body = registry[name](ctx, *args).strip("\n")
         except Exception as err:
-            raise SystemExit(f"render: {page}: '{match['spec']}' failed: {err}") from err
-        if match["body"].startswith("\n"):  # a block: a footer with the stamps it read
+            raise SystemExit(f"render: {page}: '{mark.spec}' failed: {err}") from err
+        if mark.body.startswith("\n"):  # a block: a footer with the stamps it read
             body = f"\n{body}\n\n{ctx.footer()}\n" if ctx.used else f"\n{body}\n"
-        return f"{OPEN} {match['spec']} -->{body}{CLOSE}"
+        if mark.form == "word" and not WORD.fullmatch(body):
+            raise SystemExit(f"render: {page}: '{mark.spec}' renders {body!r}, not one word: "
+                             f"write it <!--{mark.key}-->VALUE<!--/-->")
+        if (mark.form == "keyed" and not mark.body.startswith("\n")
+                and mark.body.split() == body.split()):
+            body = mark.body  # a value of several words may be wrapped across lines
+        out.append(text[at:mark.start])
+        out.append({"in place": f"{OPEN} {mark.spec} -->{body}{CLOSE}",
+                    "keyed": f"<!--{mark.key}-->{body}<!--/-->",
+                    "word": f"{body}<!--{mark.key}-->"}[mark.form])
+        at = mark.end
+    return "".join(out) + text[at:]
 
-    return MARKER.sub(replace, text)
+
+def unrendered(text: str, page: Path = Path("page")) -> str:
+    """`text` with every mark and the keys' comment blanked (their lines kept): what a
+    reader wrote, not what a renderer did."""
+    spans = [(m.start, m.end) for m in marks(text, page)] + [
+        m.span() for m in KEYS.finditer(text)]
+    chars = list(text)
+    for start, end in spans:
+        chars[start:end] = [c if c == "\n" else " " for c in text[start:end]]
+    return "".join(chars)
 
 
 def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> None:

@@ -1,7 +1,8 @@
 """README.md, the results page and the pages of docs/ quote measurements, never copy them
-(issue 32): a number that a run measured is rendered from the run's stored output (a
-``<!-- render: ... -->`` block, results/render.py) or left to the page that holds it. This
-test flags a measured-looking number outside the rendered blocks: a decimal with a unit of
+(issue 32): a number that a run measured is rendered from the run's stored output (a mark
+of results/render.py: ``VALUE<!--KEY-->``, ``<!--KEY-->VALUE<!--/-->`` or a
+``<!-- render: ... -->`` block) or left to the page that holds it. This test flags a
+measured-looking number outside the rendered marks: a decimal with a unit of
 time, size, speed or share (``5.5 ms``, ``12.0 reads``, ``49.8x``, ``3.1 KB``, ``0.3465%``,
 ``2.4 points``), signed (``-1.3 points``) or as a range (``2.0-4.1x``, ``1-2.5 ms``), or an
 accuracy written as ``0.9xx``. Integers (sizes, defaults, counts) and command-line values
@@ -59,12 +60,11 @@ def _render_module():
 
 
 RENDER = _render_module()
-MARKER = RENDER.MARKER
 
 
 def measured(text: str) -> list[tuple[int, str]]:
-    """(line, number) of every measured-looking number of `text` outside rendered blocks."""
-    bare = MARKER.sub(lambda m: "\n" * m[0].count("\n"), text)
+    """(line, number) of every measured-looking number of `text` outside rendered marks."""
+    bare = RENDER.unrendered(text)
     return [(i, m[0]) for i, line in enumerate(bare.splitlines(), 1)
             for m in MEASURED.finditer(line)]
 
@@ -86,7 +86,9 @@ def test_the_check_flags_copied_numbers_and_skips_rendered_ones():
             "(-1.3 points), 2.0-4.1x one read, 1-2.5 ms, +1.0 KB, lr 0.05, fpr 0.001-0.03\n"
             "<!-- render: value s f x '{:.1f}' -->2.3<!-- /render --> ms, and\n"
             "<!-- render: t -->\n| 4.4 ms | 0.983 |\n<!-- /render -->\n"
-            "`compressor.ratio=0.001` on 2 ranks, 20 epochs, 4 MiB, 3x3 convolutions\n")
+            "`compressor.ratio=0.001` on 2 ranks, 20 epochs, 4 MiB, 3x3 convolutions,\n"
+            "keyed: 2.5<!--a--> ms, <!--b-->1.5 ms to 2.5 ms<!--/-->\n"
+            "<!-- render keys (results/render.py):\na: v 0.5 ms\nb: w 1.5 ms\n-->\n")
     assert measured(text) == [(1, "5.5 ms"), (1, "12.0 reads"), (1, "49.8x"), (1, "3.1 KB"),
                               (1, "0.3465%"), (1, "0.9889"), (2, "-1.3 points"),
                               (2, "2.0-4.1x"), (2, "1-2.5 ms"), (2, "+1.0 KB")]
@@ -150,3 +152,4 @@ def test_inline_means_and_comparisons_of_records(tmp_path):
         inline("compare - '{:.1f}' s r.json acc run=topk vs s r.json run=dense")
     with pytest.raises(SystemExit, match="OP one of"):
         inline("compare * '{:.1f}' s r.json acc run=topk vs run=dense")
+

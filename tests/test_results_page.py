@@ -94,9 +94,9 @@ def test_a_step_changes_only_the_blocks_that_read_it(tmp_path):
     (copy / "bench.json").write_text(json.dumps(records))
     stamped = json.loads((copy / "run.json").read_text())
     (copy / "run.json").write_text(json.dumps({**stamped, "commit": "feedfacecafe"}))
-    before = {m["spec"]: m["body"] for m in render.MARKER.finditer(page.read_text())}
+    before = {m.spec: m.body for m in render.marks(page.read_text(), page)}
     render.main([], root=tmp_path)
-    after = {m["spec"]: m["body"] for m in render.MARKER.finditer(page.read_text())}
+    after = {m.spec: m.body for m in render.marks(page.read_text(), page)}
     changed = {spec for spec in before if before[spec] != after[spec]}
     reading = {spec for spec in before if "variance" in spec.split()}  # the step's blocks
     assert {"variance", "stamp variance"} <= changed <= reading
