@@ -153,3 +153,60 @@ def test_inline_means_and_comparisons_of_records(tmp_path):
     with pytest.raises(SystemExit, match="OP one of"):
         inline("compare * '{:.1f}' s r.json acc run=topk vs run=dense")
 
+
+# Issue 40: a page's sources read as prose. In a paragraph that carries a number, the marks
+# that render it (results/render.py) may take at most this share of the raw characters.
+MARKUP_LIMIT = 0.15
+MARKUP = re.compile(r"<!-- render: [^\n]*?-->|<!-- /render -->|<!--[\w.-]+-->|<!--/-->")
+
+
+def prose_paragraphs(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of every paragraph of `text`: lines between blank lines outside
+    code fences, less the page's keys comment. A table or a code block (once the lines
+    that hold nothing but a mark are set aside) is not prose and is left out."""
+    text = RENDER.KEYS.sub(lambda m: "\n" * m[0].count("\n"), text)
+    found, lines, start, fence = [], [], 0, False
+    for number, line in enumerate(text.splitlines() + [""], 1):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        if line.strip() or fence:
+            start = start or number
+            lines.append(line)
+            continue
+        own = [ln for ln in lines if MARKUP.sub("", ln).strip()]
+        if own and not own[0].lstrip().startswith(("|", "```")):
+            found.append((start, "\n".join(lines)))
+        lines, start = [], 0
+    return found
+
+
+def markup_shares(text: str) -> list[tuple[int, float]]:
+    """(first line, share of the characters that are marks) of every paragraph of prose in
+    `text` that carries a number."""
+    return [(line, sum(map(len, MARKUP.findall(para))) / len(para))
+            for line, para in prose_paragraphs(text)
+            if re.search(r"\d", MARKUP.sub("", para))]
+
+
+def test_the_pages_read_as_prose():
+    found = [f"{page.relative_to(ROOT).as_posix()}:{line}: {share:.0%} markup"
+             for page in RENDER.pages()
+             for line, share in markup_shares(page.read_text(encoding="utf-8"))
+             if share > MARKUP_LIMIT]
+    assert not found, (f"paragraphs over {MARKUP_LIMIT:.0%} markup: give the values keys "
+                       "(VALUE<!--KEY--> with 'KEY: SPEC' in the page's '<!-- render keys' "
+                       "comment, results/render.py) or put them in a table the prose cites:\n"
+                       + "\n".join(found))
+
+
+def test_the_markup_share_counts_marks_in_prose_and_not_tables_or_keys():
+    spec = "<!-- render: value step bench.json quality '{:.2f}' method=sidco_e -->"
+    text = (f"SIDCo reaches\n{spec}0.94<!-- /render -->\nhere.\n\n"
+            "SIDCo reaches 0.94<!--q--> here, about a tenth of the paragraph in marks.\n\n"
+            "No number here <!--n-->met<!--/-->.\n\n"
+            f"{spec}\n| a | b |\n|---|---|\n| 1 | 2 |\n<!-- /render -->\n\n"
+            "```\n<!--q--> 1 2 3\n```\n\n"
+            "<!-- render keys (results/render.py):\nq: value 1 2 3\n-->\n")
+    shares = markup_shares(text)
+    assert [line for line, _ in shares] == [1, 5]
+    assert shares[0][1] > 0.7 > MARKUP_LIMIT > shares[1][1] > 0.1
