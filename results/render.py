@@ -5,20 +5,22 @@
 
 A page marks what is rendered with HTML comments, which neither GitHub nor the site shows.
 What renders it is a SPEC, ``NAME ARG...``: NAME a renderer, ARGs its arguments (words, quoted
-as in a shell where they hold spaces). A mark names its SPEC in one of three ways:
+as in a shell where they hold spaces). A mark gives its SPEC in place or by a key:
 
 - in place, for a block: ``<!-- render: SPEC -->`` and ``<!-- /render -->`` on lines of their
   own around a table (which ends with a footer naming the stamp of every step it read);
-- by key, for a value in a sentence: ``VALUE<!--KEY-->`` (a value of one word: the characters
-  before the comment up to a space or one of ``([*`"'``), or ``<!--KEY-->VALUE<!--/-->`` (a
-  value of several words, or a block of prose and a table);
-- the keys of a page are defined once, at its bottom, in one comment (``KEY: SPEC`` a line)::
+- by key, for a value in a sentence: ``VALUE<!--KEY-->`` for a value of one word (the
+  characters before the comment, back to a space or one of ``([*`"'``), or
+  ``<!--KEY-->VALUE<!--/-->`` for one of several words (which may be wrapped across lines) or
+  for a block of prose and a table. The page defines its keys once, at its bottom, in one
+  comment of ``KEY: SPEC`` lines::
 
       <!-- render keys (results/render.py):
-      fr.kb: value first_run topk.json wire_bytes_per_step*0.001 '{:.1f}'
+      fr1: value first_run topk.json wire_bytes_per_step*0.001 '{:.1f}'
       -->
 
-so that a sentence carries a short key, not its SPEC. A renderer is a function
+so that a sentence carries a short key, not its SPEC. Code (fenced blocks, spans) holds no
+marks: a page can show the syntax. A renderer is a function
 ``(ctx, *args) -> str`` listed in the ``RENDERERS`` dict of a module in
 ``results/renderers/``; it reads nothing but the stored outputs of the steps it asks
 `Context.step` for (``results/STEP/``: the step's files and its stamp ``run.json``, written
@@ -210,7 +212,7 @@ class Mark:
 
 def keys(text: str, page: Path) -> dict[str, str]:
     """The page's keys, KEY -> SPEC, from its ``<!-- render keys ... -->`` comment."""
-    blocks = KEYS.findall(text)
+    blocks = KEYS.findall(blank_code(text))
     if len(blocks) > 1:
         raise SystemExit(f"render: {page}: define the keys in one '<!-- render keys' comment, "
                          f"not {len(blocks)}")
@@ -228,25 +230,37 @@ def keys(text: str, page: Path) -> dict[str, str]:
     return defined
 
 
+def blank_code(text: str) -> str:
+    """`text` with its code blanked (fenced blocks and spans; lines kept), so that a page
+    can show the marks' syntax."""
+    out, fence = [], False
+    for line in text.split("\n"):
+        starts = line.lstrip().startswith("```")
+        out.append(" " * len(line) if fence or starts
+                   else re.sub(r"`[^`]*`", lambda m: " " * len(m[0]), line))
+        fence ^= starts
+    return "\n".join(out)
+
+
 def marks(text: str, page: Path) -> list[Mark]:
     """Every mark of `text`, in order, each with its SPEC (a key looked up); a key that is
     not defined, a key defined and not used, or an unpaired in-place mark is an error."""
-    if text.count(OPEN) != text.count(CLOSE) or text.count(OPEN) != len(MARKER.findall(text)):
+    code = blank_code(text)
+    if code.count(OPEN) != code.count(CLOSE) or code.count(OPEN) != len(MARKER.findall(code)):
         raise SystemExit(f"render: {page}: every '{OPEN} NAME -->' needs one '{CLOSE}' after "
                          "it, and they do not nest")
     defined = keys(text, page)
-    bare = KEYS.sub(lambda m: " " * len(m[0]), text)
-    found = [Mark(m["spec"], m["body"], m.start(), m.end(), "in place")
-             for m in MARKER.finditer(bare)]
+    bare = KEYS.sub(lambda m: re.sub(r"[^\n]", " ", m[0]), code)
+    found = [Mark(m["spec"], text[m.start("body"):m.end("body")], m.start(), m.end(),
+                  "in place") for m in MARKER.finditer(bare)]
     for m in KEYED.finditer(bare):
         key = m["key"] or m["key2"]
         if key not in defined:
             raise SystemExit(f"render: {page}: key '{key}' is not defined in the page's "
                              "'<!-- render keys' comment")
-        if m["key"]:
-            found.append(Mark(defined[key], m["body"], m.start(), m.end(), "keyed", key))
-        else:
-            found.append(Mark(defined[key], m["word"], m.start(), m.end(), "word", key))
+        body = text[m.start("body"):m.end("body")] if m["key"] else m["word"]
+        found.append(Mark(defined[key], body, m.start(), m.end(),
+                          "keyed" if m["key"] else "word", key))
     if bare.count("<!--/-->") != sum(mark.form == "keyed" for mark in found):
         raise SystemExit(f"render: {page}: a '<!--/-->' closes no '<!--KEY-->' (nothing but "
                          "the value may stand between them)")
@@ -290,7 +304,7 @@ def unrendered(text: str, page: Path = Path("page")) -> str:
     """`text` with every mark and the keys' comment blanked (their lines kept): what a
     reader wrote, not what a renderer did."""
     spans = [(m.start, m.end) for m in marks(text, page)] + [
-        m.span() for m in KEYS.finditer(text)]
+        m.span() for m in KEYS.finditer(blank_code(text))]
     chars = list(text)
     for start, end in spans:
         chars[start:end] = [c if c == "\n" else " " for c in text[start:end]]
