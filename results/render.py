@@ -3,18 +3,32 @@
     python results/render.py            # rewrite every rendered block of every page
     python results/render.py --check    # exit 1 with a diff where a page differs from its render
 
-A page marks what is rendered with ``<!-- render: NAME ARG... -->`` and ``<!-- /render -->``:
-on lines of their own for a block (a table, with a footer naming the stamp of every step it
-read), inside a line for an inline value (no footer). NAME is a renderer, ARGs its arguments
-(words, quoted as in a shell where they hold spaces). A renderer is a function
+A page marks what is rendered with HTML comments, which neither GitHub nor the site shows.
+What renders it is a SPEC, ``NAME ARG...``: NAME a renderer, ARGs its arguments (words, quoted
+as in a shell where they hold spaces). A mark gives its SPEC in place or by a key:
+
+- in place, for a block: ``<!-- render: SPEC -->`` and ``<!-- /render -->`` on lines of their
+  own around a table (which ends with a footer naming the stamp of every step it read);
+- by key, for a value in a sentence: ``VALUE<!--KEY-->`` for a value of one word (the
+  characters before the comment, back to a space or one of ``([*`"'``), or
+  ``<!--KEY-->VALUE<!--/-->`` for one of several words (which may be wrapped across lines) or
+  for a block of prose and a table. The page defines its keys once, at its bottom, in one
+  comment of ``KEY: SPEC`` lines::
+
+      <!-- render keys (results/render.py):
+      fr1: value first_run topk.json wire_bytes_per_step*0.001 '{:.1f}'
+      -->
+
+so that a sentence carries a short key, not its SPEC. Code (fenced blocks, spans) holds no
+marks: a page can show the syntax. A renderer is a function
 ``(ctx, *args) -> str`` listed in the ``RENDERERS`` dict of a module in
 ``results/renderers/``; it reads nothing but the stored outputs of the steps it asks
 `Context.step` for (``results/STEP/``: the step's files and its stamp ``run.json``, written
 by ``results/stamp.py``), so a page renders the same on any machine, and a re-run of one
-step changes only the blocks that read it.
+step changes only the values that read it.
 
 To add one: write the function in a module of ``results/renderers/`` (a new module for a new
-family of results), add it to that module's ``RENDERERS``, and put the markers in the page.
+family of results), add it to that module's ``RENDERERS``, and mark the page.
 """
 
 from __future__ import annotations
@@ -37,6 +51,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 MARKER = re.compile(r"<!-- render: *(?P<spec>[^\n]*?) *-->(?P<body>.*?)<!-- /render -->", re.S)
 OPEN, CLOSE = "<!-- render:", "<!-- /render -->"
+KEYS = re.compile(r"<!-- render keys[^\n]*\n(?P<defs>.*?)-->\n?", re.S)  # the page's keys
+TAG = r"<!--(?P<key>[\w.-]+)-->"
+KEYED = re.compile(  # <!--KEY-->VALUE<!--/--> (no comment in VALUE), or WORD<!--KEY-->
+    TAG + r"(?P<body>(?:(?!<!--).)*?)<!--/-->"
+    r"|(?P<word>[^\s([*`\"'<>]*)<!--(?P<key2>[\w.-]+)-->(?!(?:(?!<!--).)*?<!--/-->)", re.S)
+WORD = re.compile(r"[^\s([*`\"'<>]+")
 
 Renderer = Callable[..., str]
 
@@ -177,15 +197,85 @@ def load(stamp: dict[str, Any]) -> str:
         f"load average {before:g} before")
 
 
-def render_text(text: str, page: Path, registry: dict[str, Renderer],
-                root: Path = ROOT) -> str:
-    """`text` with every marked block rendered again."""
-    if text.count(OPEN) != text.count(CLOSE) or text.count(OPEN) != len(MARKER.findall(text)):
+@dataclass
+class Mark:
+    """One rendered thing of a page: its SPEC, its body as the page has it, its span in the
+    page's text (markup included) and the form it is written in."""
+
+    spec: str
+    body: str
+    start: int
+    end: int
+    form: str  # "in place", "keyed" (<!--KEY-->BODY<!--/-->) or "word" (BODY<!--KEY-->)
+    key: str = ""
+
+
+def keys(text: str, page: Path) -> dict[str, str]:
+    """The page's keys, KEY -> SPEC, from its ``<!-- render keys ... -->`` comment."""
+    blocks = KEYS.findall(blank_code(text))
+    if len(blocks) > 1:
+        raise SystemExit(f"render: {page}: define the keys in one '<!-- render keys' comment, "
+                         f"not {len(blocks)}")
+    defined: dict[str, str] = {}
+    for line in (blocks[0] if blocks else "").splitlines():
+        if not line.strip():
+            continue
+        key, sep, spec = line.partition(":")
+        if not sep or not re.fullmatch(r"[\w.-]+", key.strip()) or not spec.strip():
+            raise SystemExit(f"render: {page}: a line of the keys must be 'KEY: SPEC' (KEY of "
+                             f"letters, digits, '_', '.', '-'), not {line!r}")
+        if key.strip() in defined:
+            raise SystemExit(f"render: {page}: key '{key.strip()}' is defined twice")
+        defined[key.strip()] = spec.strip()
+    return defined
+
+
+def blank_code(text: str) -> str:
+    """`text` with its code blanked (fenced blocks and spans; lines kept), so that a page
+    can show the marks' syntax."""
+    out, fence = [], False
+    for line in text.split("\n"):
+        starts = line.lstrip().startswith("```")
+        out.append(" " * len(line) if fence or starts
+                   else re.sub(r"`[^`]*`", lambda m: " " * len(m[0]), line))
+        fence ^= starts
+    return "\n".join(out)
+
+
+def marks(text: str, page: Path) -> list[Mark]:
+    """Every mark of `text`, in order, each with its SPEC (a key looked up); a key that is
+    not defined, a key defined and not used, or an unpaired in-place mark is an error."""
+    code = blank_code(text)
+    if code.count(OPEN) != code.count(CLOSE) or code.count(OPEN) != len(MARKER.findall(code)):
         raise SystemExit(f"render: {page}: every '{OPEN} NAME -->' needs one '{CLOSE}' after "
                          "it, and they do not nest")
+    defined = keys(text, page)
+    bare = KEYS.sub(lambda m: re.sub(r"[^\n]", " ", m[0]), code)
+    found = [Mark(m["spec"], text[m.start("body"):m.end("body")], m.start(), m.end(),
+                  "in place") for m in MARKER.finditer(bare)]
+    for m in KEYED.finditer(bare):
+        key = m["key"] or m["key2"]
+        if key not in defined:
+            raise SystemExit(f"render: {page}: key '{key}' is not defined in the page's "
+                             "'<!-- render keys' comment")
+        body = text[m.start("body"):m.end("body")] if m["key"] else m["word"]
+        found.append(Mark(defined[key], body, m.start(), m.end(),
+                          "keyed" if m["key"] else "word", key))
+    if bare.count("<!--/-->") != sum(mark.form == "keyed" for mark in found):
+        raise SystemExit(f"render: {page}: a '<!--/-->' closes no '<!--KEY-->' (nothing but "
+                         "the value may stand between them)")
+    unused = sorted(set(defined) - {mark.key for mark in found})
+    if unused:
+        raise SystemExit(f"render: {page}: keys defined but not used: {', '.join(unused)}")
+    return sorted(found, key=lambda mark: mark.start)
 
-    def replace(match: re.Match[str]) -> str:
-        name, *args = shlex.split(match["spec"])
+
+def render_text(text: str, page: Path, registry: dict[str, Renderer],
+                root: Path = ROOT) -> str:
+    """`text` with every mark rendered again."""
+    out, at = [], 0
+    for mark in marks(text, page):
+        name, *args = shlex.split(mark.spec)
         if name not in registry:
             raise SystemExit(f"render: {page}: no renderer '{name}'; renderers: "
                              f"{', '.join(sorted(registry))}")
@@ -193,12 +283,32 @@ def render_text(text: str, page: Path, registry: dict[str, Renderer],
         try:
             body = registry[name](ctx, *args).strip("\n")
         except Exception as err:
-            raise SystemExit(f"render: {page}: '{match['spec']}' failed: {err}") from err
-        if match["body"].startswith("\n"):  # a block: a footer with the stamps it read
+            raise SystemExit(f"render: {page}: '{mark.spec}' failed: {err}") from err
+        if mark.body.startswith("\n"):  # a block: a footer with the stamps it read
             body = f"\n{body}\n\n{ctx.footer()}\n" if ctx.used else f"\n{body}\n"
-        return f"{OPEN} {match['spec']} -->{body}{CLOSE}"
+        if mark.form == "word" and not WORD.fullmatch(body):
+            raise SystemExit(f"render: {page}: '{mark.spec}' renders {body!r}, not one word: "
+                             f"write it <!--{mark.key}-->VALUE<!--/-->")
+        if (mark.form == "keyed" and not mark.body.startswith("\n")
+                and mark.body.split() == body.split()):
+            body = mark.body  # a value of several words may be wrapped across lines
+        out.append(text[at:mark.start])
+        out.append({"in place": f"{OPEN} {mark.spec} -->{body}{CLOSE}",
+                    "keyed": f"<!--{mark.key}-->{body}<!--/-->",
+                    "word": f"{body}<!--{mark.key}-->"}[mark.form])
+        at = mark.end
+    return "".join(out) + text[at:]
 
-    return MARKER.sub(replace, text)
+
+def unrendered(text: str, page: Path = Path("page")) -> str:
+    """`text` with every mark and the keys' comment blanked (their lines kept): what a
+    reader wrote, not what a renderer did."""
+    spans = [(m.start, m.end) for m in marks(text, page)] + [
+        m.span() for m in KEYS.finditer(blank_code(text))]
+    chars = list(text)
+    for start, end in spans:
+        chars[start:end] = [c if c == "\n" else " " for c in text[start:end]]
+    return "".join(chars)
 
 
 def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> None:

@@ -1,7 +1,8 @@
 """README.md, the results page and the pages of docs/ quote measurements, never copy them
-(issue 32): a number that a run measured is rendered from the run's stored output (a
-``<!-- render: ... -->`` block, results/render.py) or left to the page that holds it. This
-test flags a measured-looking number outside the rendered blocks: a decimal with a unit of
+(issue 32): a number that a run measured is rendered from the run's stored output (a mark
+of results/render.py: ``VALUE<!--KEY-->``, ``<!--KEY-->VALUE<!--/-->`` or a
+``<!-- render: ... -->`` block) or left to the page that holds it. This test flags a
+measured-looking number outside the rendered marks: a decimal with a unit of
 time, size, speed or share (``5.5 ms``, ``12.0 reads``, ``49.8x``, ``3.1 KB``, ``0.3465%``,
 ``2.4 points``), signed (``-1.3 points``) or as a range (``2.0-4.1x``, ``1-2.5 ms``), or an
 accuracy written as ``0.9xx``. Integers (sizes, defaults, counts) and command-line values
@@ -35,6 +36,7 @@ ALLOWED = {
                                          "the warm-up formula's densities")
     | {"0.1%": "a ratio"},
     "docs/experiments.md": {"0.1%": "the sidco experiment's density"},
+    "docs/contributing.md": {"153.1 KB": "an example of the marks' syntax, in code"},
     "results/README.md": dict.fromkeys(("3.19x", "2.30x", "8.62x", "17.0x", "5.71x", "8.10x"),
                                        TABLE_VI)
     | dict.fromkeys(("8.466%", "8.143%"), "the thesis's Tables 3-4, at FPR 0.02")
@@ -59,12 +61,11 @@ def _render_module():
 
 
 RENDER = _render_module()
-MARKER = RENDER.MARKER
 
 
 def measured(text: str) -> list[tuple[int, str]]:
-    """(line, number) of every measured-looking number of `text` outside rendered blocks."""
-    bare = MARKER.sub(lambda m: "\n" * m[0].count("\n"), text)
+    """(line, number) of every measured-looking number of `text` outside rendered marks."""
+    bare = RENDER.unrendered(text)
     return [(i, m[0]) for i, line in enumerate(bare.splitlines(), 1)
             for m in MEASURED.finditer(line)]
 
@@ -86,7 +87,9 @@ def test_the_check_flags_copied_numbers_and_skips_rendered_ones():
             "(-1.3 points), 2.0-4.1x one read, 1-2.5 ms, +1.0 KB, lr 0.05, fpr 0.001-0.03\n"
             "<!-- render: value s f x '{:.1f}' -->2.3<!-- /render --> ms, and\n"
             "<!-- render: t -->\n| 4.4 ms | 0.983 |\n<!-- /render -->\n"
-            "`compressor.ratio=0.001` on 2 ranks, 20 epochs, 4 MiB, 3x3 convolutions\n")
+            "`compressor.ratio=0.001` on 2 ranks, 20 epochs, 4 MiB, 3x3 convolutions,\n"
+            "keyed: 2.5<!--a--> ms, <!--b-->1.5 ms to 2.5 ms<!--/-->\n"
+            "<!-- render keys (results/render.py):\na: v 0.5 ms\nb: w 1.5 ms\n-->\n")
     assert measured(text) == [(1, "5.5 ms"), (1, "12.0 reads"), (1, "49.8x"), (1, "3.1 KB"),
                               (1, "0.3465%"), (1, "0.9889"), (2, "-1.3 points"),
                               (2, "2.0-4.1x"), (2, "1-2.5 ms"), (2, "+1.0 KB")]
@@ -150,3 +153,61 @@ def test_inline_means_and_comparisons_of_records(tmp_path):
         inline("compare - '{:.1f}' s r.json acc run=topk vs s r.json run=dense")
     with pytest.raises(SystemExit, match="OP one of"):
         inline("compare * '{:.1f}' s r.json acc run=topk vs run=dense")
+
+
+# Issue 40: a page's sources read as prose. In a paragraph that carries a number, the marks
+# that render it (results/render.py) may take at most this share of the raw characters.
+MARKUP_LIMIT = 0.15
+MARKUP = re.compile(r"<!-- render: [^\n]*?-->|<!-- /render -->|<!--[\w.-]+-->|<!--/-->")
+
+
+def prose_paragraphs(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of every paragraph of `text`: lines between blank lines outside
+    code fences, less the page's keys comment. A table or a code block (once the lines
+    that hold nothing but a mark are set aside) is not prose and is left out."""
+    text = RENDER.KEYS.sub(lambda m: "\n" * m[0].count("\n"), text)
+    found, lines, start, fence = [], [], 0, False
+    for number, line in enumerate(text.splitlines() + [""], 1):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        if line.strip() or fence:
+            start = start or number
+            lines.append(line)
+            continue
+        own = [ln for ln in lines if MARKUP.sub("", ln).strip()]
+        if own and not own[0].lstrip().startswith(("|", "```")):
+            found.append((start, "\n".join(lines)))
+        lines, start = [], 0
+    return found
+
+
+def markup_shares(text: str) -> list[tuple[int, float]]:
+    """(first line, share of the characters that are marks, outside code) of every paragraph
+    of prose in `text` that carries a number."""
+    return [(line, sum(map(len, MARKUP.findall(RENDER.blank_code(para)))) / len(para))
+            for line, para in prose_paragraphs(text)
+            if re.search(r"\d", MARKUP.sub("", para))]
+
+
+def test_the_pages_read_as_prose():
+    found = [f"{page.relative_to(ROOT).as_posix()}:{line}: {share:.0%} markup"
+             for page in RENDER.pages()
+             for line, share in markup_shares(page.read_text(encoding="utf-8"))
+             if share > MARKUP_LIMIT]
+    assert not found, (f"paragraphs over {MARKUP_LIMIT:.0%} markup: give the values keys "
+                       "(VALUE<!--KEY--> with 'KEY: SPEC' in the page's '<!-- render keys' "
+                       "comment, results/render.py) or put them in a table the prose cites:\n"
+                       + "\n".join(found))
+
+
+def test_the_markup_share_counts_marks_in_prose_and_not_tables_or_keys():
+    spec = "<!-- render: value step bench.json quality '{:.2f}' method=sidco_e -->"
+    text = (f"SIDCo reaches\n{spec}0.94<!-- /render -->\nhere.\n\n"
+            "SIDCo reaches 0.94<!--q--> here, about a tenth of the paragraph in marks.\n\n"
+            "No number here <!--n-->met<!--/-->.\n\n"
+            f"{spec}\n| a | b |\n|---|---|\n| 1 | 2 |\n<!-- /render -->\n\n"
+            "```\n<!--q--> 1 2 3\n```\n\n"
+            "<!-- render keys (results/render.py):\nq: value 1 2 3\n-->\n")
+    shares = markup_shares(text)
+    assert [line for line, _ in shares] == [1, 5]
+    assert shares[0][1] > 0.7 > MARKUP_LIMIT > shares[1][1] > 0.1

@@ -94,9 +94,9 @@ def test_a_step_changes_only_the_blocks_that_read_it(tmp_path):
     (copy / "bench.json").write_text(json.dumps(records))
     stamped = json.loads((copy / "run.json").read_text())
     (copy / "run.json").write_text(json.dumps({**stamped, "commit": "feedfacecafe"}))
-    before = {m["spec"]: m["body"] for m in render.MARKER.finditer(page.read_text())}
+    before = {m.spec: m.body for m in render.marks(page.read_text(), page)}
     render.main([], root=tmp_path)
-    after = {m["spec"]: m["body"] for m in render.MARKER.finditer(page.read_text())}
+    after = {m.spec: m.body for m in render.marks(page.read_text(), page)}
     changed = {spec for spec in before if before[spec] != after[spec]}
     reading = {spec for spec in before if "variance" in spec.split()}  # the step's blocks
     assert {"variance", "stamp variance"} <= changed <= reading
@@ -167,3 +167,28 @@ def test_the_sidco_bound_script_runs():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| floor: the cheapest of (a)-(c) and decompression |" in done.stdout
+
+
+def test_a_key_names_its_spec_once_at_the_bottom_of_the_page(tmp_path):
+    """``VALUE<!--KEY-->`` and ``<!--KEY-->VALUE<!--/-->`` render the SPEC that the page's
+    keys comment gives KEY; a value of several words may be wrapped, a fenced example is not
+    a mark, and a key undefined or unused, or a word mark given several words, is an error."""
+    registry = {"v": lambda ctx, x: x.replace("_", " ")}
+    page = tmp_path / "p.md"
+    keys = "\n<!-- render keys (results/render.py):\na: v 3\nb: v 1_to_2\n-->\n"
+    text = ("It took 9<!--a--> ms (<!--b-->5\n  to 6<!--/-->), again 9<!--a-->.\n\n"
+            "```\nshown 7<!--c--> <!-- render: w -->\n```\n" + keys)
+    out = render.render_text(text, page, registry)
+    assert out.startswith("It took 3<!--a--> ms (<!--b-->1 to 2<!--/-->), again 3<!--a-->.")
+    wrapped = out.replace("1 to 2", "1\n  to 2")
+    assert render.render_text(wrapped, page, registry) == wrapped
+    assert [(m.key, m.spec, m.body) for m in render.marks(out, page)] == [
+        ("a", "v 3", "3"), ("b", "v 1_to_2", "1 to 2"), ("a", "v 3", "3")]
+    with pytest.raises(SystemExit, match="key 'c' is not defined"):
+        render.render_text("4<!--c-->\n" + keys, page, registry)
+    with pytest.raises(SystemExit, match="defined but not used: b"):
+        render.render_text("4<!--a-->\n" + keys, page, registry)
+    with pytest.raises(SystemExit, match="not one word: write it <!--b-->VALUE<!--/-->"):
+        render.render_text("4<!--a--> 5<!--b-->\n" + keys, page, registry)
+    with pytest.raises(SystemExit, match="closes no"):
+        render.render_text("<!--/--> 4<!--a--> <!--b-->1 to 2<!--/-->\n" + keys, page, registry)

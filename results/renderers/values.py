@@ -1,13 +1,15 @@
-"""Inline numbers quoted in prose, read from any step's records.
+"""Inline numbers quoted in prose, read from any step's records. Their SPECs, which a page
+gives its keys (``49.8<!--fr3-->`` in a sentence, ``fr3: SPEC`` in the page's keys comment;
+results/render.py):
 
-    <!-- render: value STEP FILE FIELD FORMAT [KEY=VALUE ...] --><!-- /render -->
-    <!-- render: range STEP FILE FIELD FORMAT [KEY=VALUE ...] --><!-- /render -->
-    <!-- render: mean STEP FILE FIELD FORMAT [KEY=VALUE ...] --><!-- /render -->
-    <!-- render: compare OP FORMAT STEP FILE FIELD [KEY=VALUE ...] vs B --><!-- /render -->
-    <!-- render: target STEP FILE FIELD OP LIMIT [KEY=VALUE ...] --><!-- /render -->
-    <!-- render: pick STEP FILE REGEX --><!-- /render -->
-    <!-- render: stamp STEP --><!-- /render -->
-    <!-- render: held_from STEP FILE LIMIT [KEY=VALUE ...] --><!-- /render -->
+    value STEP FILE FIELD FORMAT [KEY=VALUE ...]
+    range STEP FILE FIELD FORMAT [KEY=VALUE ...]
+    mean STEP FILE FIELD FORMAT [KEY=VALUE ...]
+    compare OP FORMAT STEP FILE FIELD [KEY=VALUE ...] vs B
+    target STEP FILE FIELD OP LIMIT [KEY=VALUE ...]
+    pick STEP FILE REGEX
+    stamp STEP
+    held_from STEP FILE LIMIT [KEY=VALUE ...]
 
 FILE is a stored output of the step: a JSON list of records (or an object whose ``runs`` are
 the records, or one record), a CSV file, or ``NAME.md#N``, the N-th Markdown table of a
