@@ -1,7 +1,11 @@
 """The fast tier, ``python -m pytest -m "not slow"``, starts no process: a test that starts
 ranks or subprocesses (multi-rank Gloo runs, the command-line entry points, training runs,
 benchmark scripts) fails unless it is marked ``slow`` (pyproject.toml describes the marker;
-CI runs every test)."""
+CI runs every test).
+
+Caches a fresh machine lacks are built before the first test, outside the guard: matplotlib's
+font cache (`matplotlib_font_cache`), whose first build lists the system fonts with
+``fc-list``."""
 
 from __future__ import annotations
 
@@ -11,6 +15,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def matplotlib_font_cache() -> None:
+    """Build matplotlib's font cache (in MPLCONFIGDIR) once per session, before any test's
+    process guard: on a machine without the cache, the first plot would otherwise start
+    ``fc-list`` inside a fast test, which the guard fails, leaving no cache behind for the
+    next run. With the cache present this only reads it."""
+    try:
+        import matplotlib
+    except ImportError:  # the plots are skipped without it (experiments/report.py)
+        return
+    matplotlib.use("Agg")  # as every plotting module of experiments/ selects it
+    import matplotlib.font_manager
+
+    matplotlib.font_manager.fontManager  # noqa: B018 - loading it builds the cache if absent
 
 
 @pytest.fixture(autouse=True)

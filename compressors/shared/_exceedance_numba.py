@@ -1,6 +1,10 @@
 """Numba CPU kernels behind `gracecomm.compressors.shared.exceedance` (imported only when the
 numba backend is used). Work is split into chunks of `CHUNK` elements, run on numba's threads
-when the caller asks for them (`parallel`) and in the calling thread otherwise; the float64
+when the caller asks for them (``parallel`` True) and in the calling thread otherwise
+(``parallel`` None, not False: numba compiles a kernel for each argument type and drops a
+``parallel is not None`` branch when the argument is None, so the threaded kernels, whose
+``prange`` loops take most of a cold cache's compile time, are compiled only by a process that
+runs them; `gracecomm.compressors.shared.exceedance.threads` passes it); the float64
 sums use reassociation only (no nnan/ninf), so NaN and Inf propagate into them.
 
 The selection kernels read magnitude keys, the bit patterns of the elements with the sign
@@ -138,7 +142,7 @@ def moments(x, lo, parallel, logs):  # pragma: no cover - compiled
     """(count, sum, sum of squares) of |x| - lo over the elements with |x| > lo, and with
     `logs` the sum of ln|x| over them (else 0), chunk by chunk."""
     out = np.zeros(((x.size + CHUNK - 1) // CHUNK, 4 if logs else 3))
-    if parallel:
+    if parallel is not None:
         _moments_threads(x, lo, out)
     else:
         for c in range(out.shape[0]):
@@ -319,8 +323,8 @@ def fill(x, mask, top, lo, span, offsets, raw, bounds, counts, written, parallel
     `raw` (slot c is bounds[c]:bounds[c + 1], counts.size slots), their number into
     `counts` and how many were written into `written`; with rows in `sums` (one per
     slot), each slot's moments over sums_lo (`_slot_sums`; `values` is `raw` viewed as
-    floats). Chunks run on numba's threads with `parallel`."""
-    if parallel:
+    floats). Chunks run on numba's threads when `parallel` is True (not None)."""
+    if parallel is not None:
         _fill_threads(x, mask, top, lo, span, offsets, raw, bounds, counts, written, values,
                       sums_lo, sums)
     else:
@@ -358,7 +362,7 @@ def refill(x, mask, top, lo, span, offsets, raw, bounds, counts, written, new_of
     """After `fill`: every chunk's hits into new buffers whose slots (`new_bounds`) hold
     them all, rescanning only the chunks whose slot overflowed (`values`: `new_raw`
     viewed as floats; `sums` the rows `fill` wrote)."""
-    if parallel:
+    if parallel is not None:
         _refill_threads(x, mask, top, lo, span, offsets, raw, bounds, counts, written,
                         new_offsets, new_raw, new_bounds, values, sums_lo, sums)
     else:
@@ -376,7 +380,7 @@ def place(offsets, raw, bounds, counts, positions, out_raw,
     starts = np.zeros(counts.size + 1, np.int64)
     for c in range(counts.size):
         starts[c + 1] = starts[c] + counts[c]
-    if parallel:
+    if parallel is not None:
         _place_threads(offsets, raw, bounds, counts, starts, positions, out_raw)
     else:
         for c in range(counts.size):
@@ -454,7 +458,7 @@ def keep(offsets, raw, bounds, counts, mask, top, lo, span, parallel, values, su
     """Every slot of a pool (`fill`'s buffers, every entry written) reduced in place to
     its hits, `counts` updated; with rows in `sums`, the moments of what each slot kept
     over sums_lo, as `fill` takes them."""
-    if parallel:
+    if parallel is not None:
         _keep_threads(offsets, raw, bounds, counts, mask, top, lo, span, values, sums_lo,
                       sums)
     else:

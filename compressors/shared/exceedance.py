@@ -138,15 +138,18 @@ _LAUNCH = threading.Lock()  # one parallel launch of the numba kernels at a time
 
 
 @contextlib.contextmanager
-def threads(x: torch.Tensor) -> Iterator[bool]:
-    """Whether the numba kernels split `x` over threads: more than one chunk and more than
-    one torch thread (one thread runs the chunks in the calling thread: a parallel launch
-    costs hundreds of microseconds on a busy machine). While they do, the block holds the
-    process's launch lock: numba's workqueue layer aborts the process when two Python
-    threads launch parallel kernels at once (the exchange thread of `gracecomm.exchange` runs
-    later rounds beside the training thread)."""
+def threads(x: torch.Tensor) -> Iterator[bool | None]:
+    """The kernels' ``parallel`` argument for `x`: True when they split it over threads
+    (more than one chunk and more than one torch thread), else None (one thread runs the
+    chunks in the calling thread: a parallel launch costs hundreds of microseconds on a busy
+    machine). None rather than False gives the serial calls their own argument type, for
+    which numba compiles no threaded kernel (`gracecomm.compressors.shared._exceedance_numba`):
+    a first run on small tensors compiles about half as much. While the kernels run on
+    threads, the block holds the process's launch lock: numba's workqueue layer aborts the
+    process when two Python threads launch parallel kernels at once (the exchange thread of
+    `gracecomm.exchange` runs later rounds beside the training thread)."""
     if x.numel() <= CHUNK or torch.get_num_threads() == 1:
-        yield False
+        yield None
         return
     with _LAUNCH:
         _kernels().use_torch_threads()
