@@ -14,10 +14,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from gracecomm.config import check_composed
-from gracecomm.experiments.train import compose_config
+from gracecomm.experiments.training.config import compose_config
 from gracecomm.validation import ConfigError
 
-HELPER = "gracecomm.experiments.netbench._run"  # runs its arguments as a command
+HELPER = "gracecomm.experiments.cluster.topologies._run"  # runs its arguments as a command
 
 
 def refused(fn, *words):
