@@ -186,9 +186,6 @@ def default(name: str, option: str) -> Any:
     return _plain((options_of(get("compressor", name)) or {})[option].default)
 
 
-_registered: set[tuple[str, str]] = set()
-
-
 def register_configs() -> None:
     """Store every generated entry in Hydra's `ConfigStore` (again after a registry grew).
 
@@ -210,7 +207,6 @@ def register_configs() -> None:
         if name in files[group]:
             return
         store.store(name=name, node=node, group=group, package=package, provider=PROVIDER)
-        _registered.add((group, name))
 
     compressors = []
     for group, name, cls in entries():
