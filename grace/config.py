@@ -42,7 +42,7 @@ from typing import Any
 
 from hydra.errors import CompactHydraException
 
-from gracecomm.validation import ConfigError, MissingDependency
+from gracecomm.validation import ConfigError, MissingDependencyError
 
 OLD_ROOT = "grace."  # the core's import root before 0.2: everything is under gracecomm now
 OFFERING_PACKAGE = "gracecomm.configs"  # the package whose YAML files offer targets
@@ -228,7 +228,7 @@ def instantiate(cfg: Any, *, allow_any_target: bool = False, **kwargs: Any) -> A
     try:
         return hydra_instantiate(cfg, **kwargs)
     except InstantiationException as err:
-        if isinstance(err.__cause__, (ConfigError, MissingDependency)):  # our message says it all
+        if isinstance(err.__cause__, (ConfigError, MissingDependencyError)):  # ours say it all
             raise err.__cause__ from None
         raise
 
@@ -539,7 +539,7 @@ def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
         yield path, node
 
 
-class RefusedConfig(ConfigError, CompactHydraException):
+class RefusedConfigError(ConfigError, CompactHydraException):
     """A composed config that `check_composed` refused (Hydra prints only its message)."""
 
 
@@ -570,7 +570,7 @@ def guard_composition(*, exit_on_refusal: bool = False) -> Iterator[None]:
     before Hydra uses any part of it: its callbacks, logging configuration, launcher and
     sweeper, and the job. The commands run their Hydra entry point inside it
     (`guarded`), with `exit_on_refusal`: a refusal prints its one line and exits with code 1
-    (rather than raise `RefusedConfig`, which Hydra prints with a hint below it). It first
+    (rather than raise `RefusedConfigError`, which Hydra prints with a hint below it). It first
     offers the registered parts as config groups (`gracecomm.configstore.register_configs`)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
@@ -592,7 +592,7 @@ def guard_composition(*, exit_on_refusal: bool = False) -> Iterator[None]:
                 print(f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr,
                       flush=True)
                 raise SystemExit(1) from None
-            raise RefusedConfig(str(err)) from None
+            raise RefusedConfigError(str(err)) from None
         return cfg
 
     load_configuration.guarded = True  # type: ignore[attr-defined]

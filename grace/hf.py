@@ -27,13 +27,13 @@ from gracecomm.frameworks import (
     save_state_file,
 )
 from gracecomm.pipeline import Grace, Spec
-from gracecomm.validation import MissingDependency
+from gracecomm.validation import MissingDependencyError
 
 try:
     from transformers import Trainer, TrainerCallback
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 except ImportError as err:
-    raise MissingDependency("gracecomm.hf needs transformers: pip install "
+    raise MissingDependencyError("gracecomm.hf needs transformers: pip install "
                             "'gracecomm[transformers]'") from err
 
 SEVERAL_PROCESSES = ("the Trainer runs one process; start several, e.g. `torchrun "

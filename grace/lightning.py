@@ -21,7 +21,7 @@ import torch
 from gracecomm.ddp import GradientExchange
 from gracecomm.frameworks import attach, gather_state, logged_metrics, pipeline, restore_state
 from gracecomm.pipeline import Grace, Spec
-from gracecomm.validation import ConfigError, MissingDependency
+from gracecomm.validation import ConfigError, MissingDependencyError
 
 try:
     from lightning.pytorch.strategies import DDPStrategy
@@ -31,7 +31,7 @@ except ImportError:
         from pytorch_lightning.strategies import DDPStrategy
         from pytorch_lightning.trainer.states import TrainerFn
     except ImportError as err:
-        raise MissingDependency("gracecomm.lightning needs PyTorch Lightning: pip install "
+        raise MissingDependencyError("gracecomm.lightning needs PyTorch Lightning: pip install "
                                 "'gracecomm[lightning]'") from err
 
 CHECKPOINT_KEY = "gracecomm"  # every rank's compression state in a Lightning checkpoint

@@ -472,7 +472,7 @@ def build(compressor: Spec = "none", memory: Spec = None, communicator: Spec = N
             invalid option (the message names it and what is allowed), or a ``_target_``
             that is not a registered part (old ``grace.*`` paths name the new one).
         IncompatibleError: The parts cannot work together (allreduce with Top-k).
-        MissingDependency: The chosen option needs a package that is not installed.
+        MissingDependencyError: The chosen option needs a package that is not installed.
 
     Example:
         >>> import gracecomm

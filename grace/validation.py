@@ -69,7 +69,7 @@ class NonFiniteError(FloatingPointError):
     """
 
 
-class MissingDependency(ImportError):
+class MissingDependencyError(ImportError):
     """An optional package (torchvision, cupy, numba, ...) needed by the chosen option is not
     installed; the message says what to install."""
 
@@ -86,10 +86,10 @@ def numba_available() -> bool:
 
 
 def require_numba(owner: str, instead: str) -> None:
-    """Raise `MissingDependency` when numba is missing: `owner` names the option that asked
+    """Raise `MissingDependencyError` when numba is missing: `owner` names the option that asked
     for it, `instead` the choice that works without it."""
     if not numba_available():
-        raise MissingDependency(f"{owner} needs numba; install it with "
+        raise MissingDependencyError(f"{owner} needs numba; install it with "
                                 f"`pip install 'numba>=0.59'` or use {instead}")
 
 

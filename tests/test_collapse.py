@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from gracecomm.experiments.training.collapse import CollapseWatch, Divergence
+from gracecomm.experiments.training.collapse import CollapseWatch, DivergenceError
 from gracecomm.experiments.workloads.tasks import make_task
 from gracecomm.validation import NonFiniteError
 from tests.test_train import train
@@ -91,7 +91,7 @@ def test_divergence_names_the_step_the_loss_and_the_tensor():
     w = watch()
     w.loss(1, 0, 0.3)
     err = w.diverged(7, 2, 4e12, NonFiniteError("tensor 'fc.bias' holds 3 NaN"))
-    assert isinstance(err, Divergence) and isinstance(err, NonFiniteError)
+    assert isinstance(err, DivergenceError) and isinstance(err, NonFiniteError)
     assert str(err).startswith("training diverged at step 7 (epoch 2): the loss was 4e+12; "
                                "the lowest loss was 0.3 at step 1, and then tensor 'fc.bias' "
                                "holds 3 NaN. compressor 'x' is known to be sensitive to")
@@ -102,7 +102,7 @@ def test_diverging_run_reports_the_step(tmp_path):
     proc = train(tmp_path, "compressor=topk", "trainer.lr=1000", "trainer.max_steps=40",
                  timeout=120)
     assert proc.returncode != 0
-    assert "Divergence: training diverged at step" in proc.stderr
+    assert "DivergenceError: training diverged at step" in proc.stderr
     assert "holds" in proc.stderr and "NaN" in proc.stderr
 
 

@@ -13,7 +13,7 @@ from gracecomm.compressor import Capabilities
 from gracecomm.config import instantiate
 from gracecomm.configstore import entries, node_of, run_keys, yaml_names
 from gracecomm.experiments.training.config import build_grace, validate
-from gracecomm.validation import MissingDependency
+from gracecomm.validation import MissingDependencyError
 from tests.helpers import CONFIG_DIR, compose_train
 
 KINDS = ("compressor", "memory", "communicator")
@@ -53,7 +53,7 @@ def test_compressor_brings_its_memory_and_communicator(name):
     try:
         pipeline = build(OmegaConf.to_container(cfg.compressor, resolve=True) if required
                          else name)
-    except MissingDependency as err:
+    except MissingDependencyError as err:
         pytest.skip(str(err))
     caps = pipeline.compressor.capabilities()
     brought = (registry.get("memory", caps.default_memory),
@@ -128,7 +128,7 @@ def test_every_group_yaml_composes_and_instantiates(group, name):
         return
     try:
         obj = instantiate(node)
-    except MissingDependency as err:
+    except MissingDependencyError as err:
         pytest.skip(str(err))
     assert obj is not None
 
@@ -139,7 +139,7 @@ def test_every_experiment_composes_and_instantiates(name):
     for group in ("compressor", "memory", "communicator", "model", "data"):
         try:
             instantiate(cfg[group])
-        except MissingDependency as err:
+        except MissingDependencyError as err:
             pytest.skip(str(err))
 
 

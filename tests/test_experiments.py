@@ -21,7 +21,7 @@ from gracecomm.experiments.workloads.tasks import (
     Recommendation,
     make_task,
 )
-from gracecomm.validation import ConfigError, MissingDependency
+from gracecomm.validation import ConfigError, MissingDependencyError
 from tests.helpers import CONFIG_DIR, compose_train, run_ranks
 
 SMALL_FEEDBACK = ("data.num_users=120", "data.num_items=300", "data.interactions=8")
@@ -128,7 +128,7 @@ def test_cifar10_and_image_folder_never_download(tmp_path):
     except ImportError:
         expected = "pip install torchvision"
     for make in (datasets.cifar10, datasets.image_folder):
-        with pytest.raises(MissingDependency) as err:
+        with pytest.raises(MissingDependencyError) as err:
             make(root=str(tmp_path / "none"))
         assert expected in str(err.value)
     assert not any(tmp_path.iterdir()), "nothing may be created or downloaded"

@@ -213,7 +213,7 @@ def test_without_lightning_the_module_names_the_extra():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert proc.returncode != 0
-    assert "MissingDependency" in proc.stderr
+    assert "MissingDependencyError" in proc.stderr
     assert "pip install 'gracecomm[lightning]'" in proc.stderr
 
 

@@ -152,8 +152,8 @@ def test_hung_local_worker_is_named_with_its_stack():
 
 @pytest.mark.slow
 def test_workers_past_the_deadline_show_their_stacks():
-    from gracecomm.experiments.training.launch import WorkerTimeout, spawn
-    with pytest.raises(WorkerTimeout) as info:
+    from gracecomm.experiments.training.launch import WorkerTimeoutError, spawn
+    with pytest.raises(WorkerTimeoutError) as info:
         spawn(sleep_past_the_deadline, 2, timeout_s=15)
     message = str(info.value)
     for rank in (0, 1):

@@ -43,7 +43,7 @@ from gracecomm.compressors.deepreduce.codec import (
 from gracecomm.compressors.deepreduce.policies import P2_MODES, POLICIES, mix, select
 from gracecomm.compressors.shared.stochastic import kernels_enabled
 from gracecomm.validation import (
-    MissingDependency,
+    MissingDependencyError,
     PayloadError,
     check_choice,
     check_range,
@@ -230,7 +230,7 @@ class PyBloom(BitBackend):
         try:
             import pybloom_live
         except ImportError:
-            raise MissingDependency("backend 'pybloom' needs pybloom-live: pip install "
+            raise MissingDependencyError("backend 'pybloom' needs pybloom-live: pip install "
                                     "'gracecomm[bloom]'") from None
         self.lib = pybloom_live
         self.fpr = fpr

@@ -1,7 +1,7 @@
 """Collapse detection: a run whose training loss became non-finite, or whose test metric fell
 back to chance after it had learned, says so at its end and in its summary, naming what its
 compressor is known to be sensitive to (`Compressor.sensitivities`); a run stopped by a
-non-finite gradient is reported as a divergence at its step (`Divergence`).
+non-finite gradient is reported as a divergence at its step (`DivergenceError`).
 
 Chance is the test metric of a model that ignores its input (`Task.chance`: the majority
 class's share of the test set, the test tokens' unigram perplexity, K over the number of
@@ -26,11 +26,11 @@ LEARNED_FRACTION = 0.1
 MIN_EVALUATIONS = 3
 
 
-class Divergence(NonFiniteError):
+class DivergenceError(NonFiniteError):
     """Training diverged: a gradient became non-finite at a known step."""
 
 
-class Collapsed(RuntimeError):
+class CollapseError(RuntimeError):
     """A single run collapsed (its summary says how); a sweep records it and goes on."""
 
 
@@ -120,9 +120,9 @@ class CollapseWatch:
                 "message": f"collapsed: {what}. {self._known()}",
                 "sensitivities": list(self.sensitivities)}
 
-    def diverged(self, step: int, epoch: int, loss: float, err: NonFiniteError) -> Divergence:
+    def diverged(self, step: int, epoch: int, loss: float, err: NonFiniteError) -> DivergenceError:
         """The error to raise when a gradient of step `step` is non-finite (`err`)."""
         lowest = (f"; the lowest loss was {self.lowest.value:.4g} at step {self.lowest.step}"
                   if self.lowest else "")
-        return Divergence(f"training diverged at step {step} (epoch {epoch}): the loss was "
+        return DivergenceError(f"training diverged at step {step} (epoch {epoch}): the loss was "
                           f"{loss:.4g}{lowest}, and then {err}. {self._known()}")

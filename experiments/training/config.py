@@ -40,7 +40,7 @@ from gracecomm.pipeline import AUTO, default_part
 from gracecomm.registry import check_options
 from gracecomm.validation import (
     ConfigError,
-    MissingDependency,
+    MissingDependencyError,
     check_choice,
     check_range,
 )
@@ -62,7 +62,7 @@ def compose_config(*overrides: str) -> DictConfig:
         cfg[OPT_IN] = opted_in(overrides)
     try:
         compressor = instantiate(cfg.compressor, allow_any_target=cfg[OPT_IN])
-    except (ConfigError, MissingDependency):
+    except (ConfigError, MissingDependencyError):
         return cfg  # `validate` reports it, as in a run
     resolve_parts(cfg, compressor)
     return cfg

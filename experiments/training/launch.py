@@ -56,7 +56,7 @@ _COMM_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broke
 _TIMEOUT_MARKERS = ("Timed out", "timed out", "timeout")
 
 
-class WorkerTimeout(TimeoutError):
+class WorkerTimeoutError(TimeoutError):
     """Local workers did not finish within the allowed time."""
 
 
@@ -311,7 +311,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
     """Run ``fn(rank, world_size, *args)`` in `world_size` fresh processes joined in a
     process group on 127.0.0.1. `fn` must be importable (module level). Raises
     `WorkerError` naming the first rank that failed, with its traceback, as soon as one
-    fails (the others are killed), or `WorkerTimeout` if the workers together exceed
+    fails (the others are killed), or `WorkerTimeoutError` if the workers together exceed
     `timeout_s`."""
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
@@ -343,7 +343,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
                 proc.kill()
             raise WorkerError(message)
         if any(proc.is_alive() for proc in procs):
-            raise WorkerTimeout(f"{world_size} local workers did not finish within "
+            raise WorkerTimeoutError(f"{world_size} local workers did not finish within "
                                 f"{timeout_s:.0f} s; killed them" + _stacks(procs, list(files)))
     finally:
         for proc in procs:

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from gracecomm.validation import ConfigError, MissingDependency
+from gracecomm.validation import ConfigError, MissingDependencyError
 
 
 class JsonlLogger:
@@ -68,11 +68,11 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
 def import_wandb() -> Any:
-    """The wandb module, or `MissingDependency` with the install command."""
+    """The wandb module, or `MissingDependencyError` with the install command."""
     try:
         import wandb
     except ImportError as err:
-        raise MissingDependency("logger=wandb needs the wandb package: pip install "
+        raise MissingDependencyError("logger=wandb needs the wandb package: pip install "
                                 "'gracecomm[wandb]'") from err
     return wandb
 

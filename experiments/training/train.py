@@ -36,11 +36,11 @@ from gracecomm.config import (
 )
 from gracecomm.experiments.method_defaults import apply_method_defaults, given_keys
 from gracecomm.experiments.training import checkpoint, rundir
-from gracecomm.experiments.training.collapse import Collapsed
+from gracecomm.experiments.training.collapse import CollapseError
 from gracecomm.experiments.training.config import checkpoint_dir_of, resolve_parts, validate
 from gracecomm.experiments.training.launch import (
     WorkerError,
-    WorkerTimeout,
+    WorkerTimeoutError,
     exit_now,
     launched_externally,
     run_rank,
@@ -51,7 +51,7 @@ from gracecomm.experiments.training.summary import objective, objective_names
 from gracecomm.experiments.training.worker import backend_of, train_worker
 from gracecomm.validation import (
     ConfigError,
-    MissingDependency,
+    MissingDependencyError,
 )
 
 
@@ -62,14 +62,14 @@ def _run_group() -> str:
 
 def one_line_errors(run: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
     """A configuration refused before any worker starts (`ConfigError`, its
-    `IncompatibleError`, a `MissingDependency`) ends a single run with its one-line message
+    `IncompatibleError`, a `MissingDependencyError`) ends a single run with its one-line message
     and exit code 1 instead of a traceback; a sweep's job raises it as before."""
 
     @functools.wraps(run)
     def checked(cfg: DictConfig) -> Any:
         try:
             return run(cfg)
-        except (ConfigError, MissingDependency) as err:
+        except (ConfigError, MissingDependencyError) as err:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 raise
             print(f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr,
@@ -140,7 +140,7 @@ def train_job(cfg: DictConfig) -> float | tuple[float, ...]:
             spawn(train_worker, int(cfg.trainer.world_size), cfg_dict, run_dir, group,
                   backend=backend_of(cfg), timeout_s=float(cfg.trainer.timeout_s),
                   collective_timeout_s=float(cfg.trainer.collective_timeout_s))
-    except (KeyboardInterrupt, WorkerError, WorkerTimeout) as err:
+    except (KeyboardInterrupt, WorkerError, WorkerTimeoutError) as err:
         # the workers are stopped: say why and exit at once (the interpreter's teardown
         # takes seconds, on a loaded machine sometimes a minute)
         interrupted = isinstance(err, KeyboardInterrupt)
@@ -154,7 +154,7 @@ def train_job(cfg: DictConfig) -> float | tuple[float, ...]:
             summary = json.load(f)
     # a sweep goes on to its other runs
     if summary.get("collapse") and HydraConfig.get().mode != RunMode.MULTIRUN:
-        raise Collapsed(summary["collapse"]["message"])
+        raise CollapseError(summary["collapse"]["message"])
     return objective(summary, names)
 
 

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from gracecomm.validation import MissingDependency, check_range
+from gracecomm.validation import MissingDependencyError, check_range
 
 
-class MissingDataset(MissingDependency):
+class MissingDatasetError(MissingDependencyError):
     """A data set that is read from disk is not where its `root` option points."""
 
 
@@ -172,7 +172,7 @@ def pydoc_text(vocab_size: int = 2000, seq_len: int = 35, test_fraction: float =
     try:
         from pydoc_data.topics import topics
     except ImportError as err:  # some distributions strip it from the standard library
-        raise MissingDependency(f"{owner} needs the standard library's pydoc_data package, "
+        raise MissingDependencyError(f"{owner} needs the standard library's pydoc_data package, "
                                 "which this Python installation lacks; install the full "
                                 "standard library (e.g. apt-get install libpython3-stdlib)"
                                 ) from err
@@ -190,7 +190,7 @@ def _windows(ids: torch.Tensor, seq_len: int) -> TensorDataset:
     """Non-overlapping (input, next-token target) windows of `seq_len` tokens."""
     n = (len(ids) - 1) // seq_len
     if n < 1:
-        raise MissingDataset(f"a text of {len(ids)} tokens is too short for windows of "
+        raise MissingDatasetError(f"a text of {len(ids)} tokens is too short for windows of "
                              f"seq_len={seq_len}")
     x = ids[: n * seq_len].view(n, seq_len)
     y = ids[1: n * seq_len + 1].view(n, seq_len)
@@ -201,15 +201,15 @@ def _torchvision(owner: str) -> Any:
     try:
         import torchvision
     except ImportError as err:
-        raise MissingDependency(f"{owner} needs torchvision, which is not installed: "
+        raise MissingDependencyError(f"{owner} needs torchvision, which is not installed: "
                                 "pip install torchvision") from err
     return torchvision
 
 
 def _existing(path: Path, owner: str, hint: str) -> Path:
     if not path.is_dir():
-        raise MissingDataset(f"{owner}: option 'root' points to {path.parent}, but {path} does "
-                             f"not exist; {hint}")
+        raise MissingDatasetError(f"{owner}: option 'root' points to {path.parent}, but "
+                                  f"{path} does not exist; {hint}")
     return path
 
 
