@@ -28,7 +28,10 @@ Payload = tuple[torch.Tensor, ...]
 """What goes on the wire for one tensor: a tuple of tensors, whose bytes are what a method is
 credited with (counted by the communicator)."""
 PayloadSpec = tuple[tuple[torch.dtype, int], ...]  # (dtype, numel) of each payload tensor
-WARM_UP_NUMEL = 2 * 65536 + 17  # past two chunks of the fused kernels: their threaded paths too
+WARM_UP_NUMEL = 65536 - 17  # within one chunk of the fused kernels: their serial paths, which
+# every process runs (ranks with one thread run nothing else) and which a launcher that warms
+# up while checking the config shares with its ranks through numba's on-disk cache; threaded
+# paths compile when a process first splits a tensor over threads
 # a wrapper's adopted training defaults are read-only mappings; `warm_up` deep-copies it
 copyreg.pickle(MappingProxyType, lambda m: (MappingProxyType, (dict(m),)))
 
