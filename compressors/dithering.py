@@ -179,7 +179,7 @@ class Dithering(Compressor):
             norms = sent.to(x.dtype)  # y relative to the norm the receiver multiplies with
         inverse = torch.where(norms > 0, self.units / norms, torch.zeros_like(norms))
         if self.rng == "counter" and self.code_bits <= 8 and use_kernels(x):
-            from gracecomm.compressors.shared.kernels import dither_encode
+            from gracecomm.compressors.shared.quantizer_kernels import dither_encode
 
             signs, codes = dither_encode(x.numpy(), inverse.numpy(), size, self.units,
                                          self.natural_levels, key, self.code_bits)
@@ -226,7 +226,7 @@ class Dithering(Compressor):
             return torch.empty(ctx.shape, dtype=ctx.dtype, device=payloads[0][0].device)
         size, _ = self.buckets(n)
         if self._fused(payloads[0]):
-            from gracecomm.compressors.shared.kernels import dither_sum
+            from gracecomm.compressors.shared.quantizer_kernels import dither_sum
 
             values = dense_empty(n, torch.float32, "cpu")
             self._check_codes(dither_sum(

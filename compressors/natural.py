@@ -202,7 +202,7 @@ class Natural(Compressor):
                    name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """nat9 planes of float32 `x`: (biased exponents of C_nat(x) as uint8, packed signs)."""
         if self.rng == "counter" and use_kernels(x):
-            from gracecomm.compressors.shared.kernels import nat9_encode
+            from gracecomm.compressors.shared.quantizer_kernels import nat9_encode
 
             exps, signs, top = nat9_encode(x.numpy().view(np.uint32), key, self.stochastic)
             if top >= 0x7F800000:  # Inf or NaN: apply the rule, then round again
@@ -314,7 +314,7 @@ def sum_nat9(planes: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tenso
     `PayloadError`."""
     n = planes[0][0].numel()
     if kernels_enabled(planes[0][0].device):
-        from gracecomm.compressors.shared.kernels import nat9_sum
+        from gracecomm.compressors.shared.quantizer_kernels import nat9_sum
 
         total = dense_empty(n, torch.float32, "cpu")
         top = nat9_sum(tuple(e.contiguous().numpy() for e, _ in planes),

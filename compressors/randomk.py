@@ -58,13 +58,13 @@ def random_subset(d: int, k: int, key: int, device: torch.device) -> torch.Tenso
     """Ascending int64 positions of a uniformly random k-subset of range(d) for the shared
     `key`: the first k distinct draws, or for k > d/2 all but the first d - k (so at most
     d/2 values are ever drawn). One numba call on CPU
-    (`gracecomm.compressors.shared.kernels.random_subset`, a bitmap), the same positions
+    (`gracecomm.compressors.shared.quantizer_kernels.random_subset`, a bitmap), the same positions
     from torch on other devices."""
     if d >= SUBSET_LIMIT:
         raise ValueError(f"randomk draws indices of tensors below 2**31 elements, got {d}")
     key2 = second_key(key)
     if kernels_enabled(device):
-        from gracecomm.compressors.shared.kernels import random_subset as subset_kernel
+        from gracecomm.compressors.shared.quantizer_kernels import random_subset as subset_kernel
 
         return torch.from_numpy(subset_kernel(d, k, key, key2))
     if 2 * k <= d:

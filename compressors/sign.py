@@ -86,7 +86,7 @@ class SignCompressor(Compressor):
         a + (-b), so the same bits as t - decompress."""
         if ctx.dtype != torch.float32 or not kernels_enabled(t.device):
             return super().subtract_decompressed(t, payload, ctx, in_place)
-        from gracecomm.compressors.shared.kernels import signs_sum
+        from gracecomm.compressors.shared.quantizer_kernels import signs_sum
 
         lows, highs = self._levels([payload], ctx)
         out = t if in_place else dense_empty_like(t).copy_(t)
@@ -109,7 +109,7 @@ class SignCompressor(Compressor):
         into one sum a block at a time)."""
         lows, highs = self._levels(payloads, ctx)
         if ctx.dtype == torch.float32 and kernels_enabled(payloads[0][0].device):
-            from gracecomm.compressors.shared.kernels import signs_sum
+            from gracecomm.compressors.shared.quantizer_kernels import signs_sum
 
             out = dense_empty(ctx.numel, torch.float32, "cpu")
             signs_sum(tuple(p[0].numpy() for p in payloads), lows.numpy(), highs.numpy(),
@@ -136,7 +136,7 @@ def sign_plane(x: torch.Tensor, stats: bool = False) -> tuple[torch.Tensor, Sign
     """(packed sign bits of the 1-D `x`, set where the sign bit is, -0.0 included; and with
     `stats` its `SignStats`)."""
     if use_kernels(x):
-        from gracecomm.compressors.shared.kernels import pack_signs
+        from gracecomm.compressors.shared.quantizer_kernels import pack_signs
 
         signs, count, negative_sum, abs_sum = pack_signs(x.numpy(), stats)
         return torch.from_numpy(signs), SignStats(count, negative_sum, abs_sum) if stats else None

@@ -28,8 +28,8 @@ import numba
 import numpy as np
 import torch
 
-from gracecomm.compressors.shared import _exceedance_numba as kernels
 from gracecomm.compressors.shared import exceedance
+from gracecomm.compressors.shared import exceedance_kernels as kernels
 from gracecomm.compressors.sidco import SIDCo
 from gracecomm.experiments.bench.compressors import synthetic
 from gracecomm.experiments.bench.timing import best_of_each

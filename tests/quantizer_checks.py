@@ -3,7 +3,7 @@
 import torch
 
 import gracecomm.compressors.shared.stochastic as stochastic
-from gracecomm.compressors.shared.kernels import PARALLEL_MIN
+from gracecomm.compressors.shared.quantizer_kernels import PARALLEL_MIN
 from gracecomm.metrics import Metrics
 
 

@@ -174,8 +174,8 @@ def test_the_core_imports_no_method_folder_nor_experiment():
 # that no new one appears and a removed one is struck from here.
 KERNEL_CIRCLES = [
     ["gracecomm.compressors.deepreduce.bloom_kernels", "gracecomm.compressors.deepreduce.policies"],
-    ["gracecomm.compressors.shared._exceedance_numba", "gracecomm.compressors.shared.exceedance"],
-    ["gracecomm.compressors.shared.kernels", "gracecomm.compressors.shared.stochastic"],
+    ["gracecomm.compressors.shared.exceedance", "gracecomm.compressors.shared.exceedance_kernels"],
+    ["gracecomm.compressors.shared.quantizer_kernels", "gracecomm.compressors.shared.stochastic"],
 ]
 
 

@@ -1,5 +1,6 @@
-"""One naming scheme (issue 40): every exception class the package defines ends in ``Error``,
-read from the source of every module (`tests/test_layering.all_sources`)."""
+"""One naming scheme, read from the source of every module (`tests/test_layering.all_sources`):
+every exception class the package defines ends in ``Error``, and every module that imports
+numba (a kernel module, imported only when numba is used) is named ``*_kernels``."""
 
 from __future__ import annotations
 
@@ -44,3 +45,32 @@ def test_the_check_finds_a_misnamed_exception_through_a_subclass():
                      "class Fine(Base): ...\nclass FineError(Base): ...\n"
                      "class NotAnError: ...\n", False)}
     assert misnamed_exceptions(sources) == ["m.Base", "m.Fine", "m.Refused"]
+
+
+def misnamed_kernel_modules(sources: Mapping[str, tuple[str, bool]]) -> list[str]:
+    """The modules that import numba at their top level but are not named ``*_kernels``."""
+    return sorted(module for module, (source, _) in sources.items()
+                  if _imports_numba(ast.parse(source))
+                  and not module.rpartition(".")[2].endswith("_kernels"))
+
+
+def _imports_numba(tree: ast.Module) -> bool:
+    for node in tree.body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(n == "numba" or n.startswith("numba.") for n in names):
+            return True
+    return False
+
+
+def test_every_numba_module_is_named_kernels():
+    sources = all_sources()
+    assert any(m.endswith("exceedance_kernels") for m in sources), "the sources were not read"
+    assert misnamed_kernel_modules(sources) == []
+
+
+def test_the_check_finds_a_misnamed_kernel_module():
+    sources = {"p.fast": ("import numba\n", False), "p.ok_kernels": ("from numba import njit\n",
+                                                                    False),
+               "p.lazy": ("def f():\n    import numba\n", False)}
+    assert misnamed_kernel_modules(sources) == ["p.fast"]

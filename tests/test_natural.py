@@ -9,7 +9,7 @@ import torch
 
 import gracecomm.compressors.shared.stochastic as stochastic
 from gracecomm.compressors.natural import Natural, nat9_nbytes
-from gracecomm.compressors.shared.kernels import PARALLEL_MIN
+from gracecomm.compressors.shared.quantizer_kernels import PARALLEL_MIN
 from gracecomm.compressors.shared.stochastic import FLOAT_BITS, counter_hash, natural_round_bits
 from gracecomm.metrics import Metrics
 from gracecomm.validation import ConfigError, NonFiniteError, PayloadError

@@ -13,7 +13,7 @@ import numba
 import numpy as np
 
 from gracecomm.compressors.deepreduce import policies
-from gracecomm.compressors.shared.simd import LANES, compress
+from gracecomm.compressors.shared.simd_kernels import LANES, compress
 
 U8, U32, U64 = np.uint8, np.uint32, np.uint64
 BLOCK = 4096  # elements the query takes through the slices together

@@ -143,7 +143,7 @@ def threads(x: torch.Tensor) -> Iterator[bool | None]:
     (more than one chunk and more than one torch thread), else None (one thread runs the
     chunks in the calling thread: a parallel launch costs hundreds of microseconds on a busy
     machine). None rather than False gives the serial calls their own argument type, for
-    which numba compiles no threaded kernel (`gracecomm.compressors.shared._exceedance_numba`):
+    which numba compiles no threaded kernel (`gracecomm.compressors.shared.exceedance_kernels`):
     a first run on small tensors compiles about half as much. While the kernels run on
     threads, the block holds the process's launch lock: numba's workqueue layer aborts the
     process when two Python threads launch parallel kernels at once (the exchange thread of
@@ -454,6 +454,6 @@ def _kept(keys: torch.Tensor, k: int) -> torch.Tensor:
 def _kernels() -> Any:
     """The numba CPU kernels (compiled on first use, then loaded from numba's cache)."""
     require_numba("the numba backend", "backend=torch")
-    from gracecomm.compressors.shared import _exceedance_numba
+    from gracecomm.compressors.shared import exceedance_kernels
 
-    return _exceedance_numba
+    return exceedance_kernels

@@ -10,8 +10,8 @@ option ``rng``:
 
 - ``counter``: a keyed counter-based hash of the element index, h(i) = mix(i, key). Any
   element's number can be computed on its own, so a fused kernel can draw and round in one
-  pass. The numba kernels (`gracecomm.compressors.shared.kernels`, CPU, optional) and the torch
-  implementation here (CPU and CUDA) return the same bits.
+  pass. The numba kernels (`gracecomm.compressors.shared.quantizer_kernels`, CPU, optional)
+  and the torch implementation here (CPU and CUDA) return the same bits.
 - ``torch``: ``torch.randint`` with a ``torch.Generator`` seeded with the key.
 
 The mixer is a two-key variant of the MurmurHash3 32-bit finaliser: x = i ^ k1;
@@ -67,8 +67,8 @@ def kernels_enabled(device: torch.device) -> bool:
     """Whether the CPU fast paths run for data on `device` where a method chooses them
     itself (``auto``): CPU, numba installed, not disabled by GRACECOMM_KERNELS=0 or
     `torch_paths`. Every automatic choice of a CPU-only path asks this: the numba kernels
-    (the quantizers' and Random-k's `gracecomm.compressors.shared.kernels`, the sparsifiers'
-    `gracecomm.compressors.shared.exceedance`, DeepReduce's Bloom filter) and the numpy
+    (the quantizers' and Random-k's `gracecomm.compressors.shared.quantizer_kernels`, the
+    sparsifiers' `gracecomm.compressors.shared.exceedance`, DeepReduce's Bloom filter) and the numpy
     shortcuts of DeepReduce's index checks."""
     return KERNELS and device.type == "cpu" and numba_available()
 
@@ -142,7 +142,7 @@ def _counter(n: int, key: int, device: torch.device) -> torch.Tensor:
         raise ConfigError(f"rng 'counter' draws for tensors of at most 2**32 elements, got {n}; "
                           "use rng=torch")
     if kernels_enabled(device):
-        from gracecomm.compressors.shared.kernels import hash_array
+        from gracecomm.compressors.shared.quantizer_kernels import hash_array
 
         return torch.from_numpy(hash_array(n, key).view("int32")).to(torch.int64) & MASK32
     return counter_hash(torch.arange(n, dtype=torch.int64, device=device), key)
@@ -153,7 +153,7 @@ def uniform(n: int, key: int, device: torch.device | str, rng: str) -> torch.Ten
     so P(u < q) = ceil(q * 2**24) / 2**24 for q in [0, 1]."""
     device = torch.device(device)
     if rng == "counter" and kernels_enabled(device) and n <= COUNTER_LIMIT:
-        from gracecomm.compressors.shared.kernels import uniform_array
+        from gracecomm.compressors.shared.quantizer_kernels import uniform_array
 
         return torch.from_numpy(uniform_array(n, key))
     return random_bits(n, 24, key, device, rng).to(torch.float32).mul_(2.0**-24)

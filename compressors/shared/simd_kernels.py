@@ -4,7 +4,7 @@ under a mask written contiguously; one AVX-512 instruction where the CPU has it,
 branch-free expansion elsewhere). They let a kernel append the elements that pass a test
 without a branch per element, which costs a mispredicted branch per hit otherwise.
 
-`compress` is the generic primitive; `gracecomm.compressors.shared._exceedance_numba` builds
+`compress` is the generic primitive; `gracecomm.compressors.shared.exceedance_kernels` builds
 its key test on the same helpers.
 """
 

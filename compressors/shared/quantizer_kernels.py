@@ -42,7 +42,7 @@ from numba.core import types
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
-from gracecomm.compressors.shared.simd import data_pointer
+from gracecomm.compressors.shared.simd_kernels import data_pointer
 from gracecomm.compressors.shared.stochastic import FLOAT_BITS
 
 U32, U64, U8, F32 = np.uint32, np.uint64, np.uint8, np.float32

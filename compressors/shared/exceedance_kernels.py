@@ -12,8 +12,8 @@ cleared and every NaN pattern lowered to one key above Inf
 (`gracecomm.compressors.shared.exceedance.KeyLayout`), through the signed integer view of the
 tensor (int16, int32 or int64). A key is a hit when lo <= key <= lo + span, tested as the
 unsigned comparison key - lo <= span. Blocks of `LANES` keys are tested as one vector and
-their hits written with compress-store (`gracecomm.compressors.shared.simd`), so the pass
-costs about one read of the tensor at any hit density.
+their hits written with compress-store (`gracecomm.compressors.shared.simd_kernels`), so the
+pass costs about one read of the tensor at any hit density.
 
 Unless the user chose a threading layer (NUMBA_THREADING_LAYER), the kernels use numba's
 ``workqueue`` layer: OpenMP worker threads keep spinning after each parallel region and, next
@@ -33,7 +33,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from gracecomm.compressors.shared.exceedance import CHUNK
-from gracecomm.compressors.shared.simd import (
+from gracecomm.compressors.shared.simd_kernels import (
     LANES,
     compress_store,
     data_pointer,
