@@ -41,9 +41,9 @@ ALLOWED = {
                                        TABLE_VI)
     | dict.fromkeys(("8.466%", "8.143%"), "the thesis's Tables 3-4, at FPR 0.02")
     | {"0.1%": "a density the experiments set (and the LGC paper's α)",
-       "2.8 points": "the thesis's Random-1% below its Top-1% (000:L804)",
-       "7.6x": "SIDCo's end-to-end speed-up over Top-k (004:L258)",
-       "3.2-3.6x": "natural compression's Table 1 as printed (003)",
+       "2.8 points": "the thesis's Random-1% below its Top-1% (Kostopoulou 2020, Table 5)",
+       "7.6x": "SIDCo's end-to-end speed-up over Top-k (Abdelmoniem et al., Sec. 4.2)",
+       "3.2-3.6x": "natural compression's Table 1 as printed (Horváth et al.)",
        "0.017 MB": "the LGC paper's ResNet-50 leader row",
        "0.026 MB": "the LGC paper's latent at its α, from its sizes",
        "8.347%": "the thesis's Table 2 row printed at FPR 0.015",
