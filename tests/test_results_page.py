@@ -153,9 +153,85 @@ def test_stamp_names_the_commit_and_changes_that_could_alter_a_number(tmp_path):
     (tmp_path / "grace").mkdir()
     (tmp_path / "grace" / "new.py").write_text("")
     stamp.begin("lgc", tmp_path)
-    stamped = json.loads((tmp_path / "results" / "lgc" / "run.json").read_text())
+    stamped = json.loads((tmp_path / "results" / "lgc.new" / "run.json").read_text())
     assert stamped["uncommitted"] == ["code.py", "grace/new.py", "results/script.py"]
     assert stamped["commands"] == []  # begin starts afresh
+
+
+def test_a_step_replaces_its_stored_outputs_only_when_it_ends(tmp_path, monkeypatch):
+    """`stamp.py begin` starts results/STEP.new/; only `end` puts it in place of
+    results/STEP/, so a step that fails in between leaves the stored outputs as they were."""
+    monkeypatch.setattr(stamp, "commit", lambda root: "0123456789ab")
+    monkeypatch.setattr(stamp, "uncommitted_changes", lambda root: [])
+    stored = tmp_path / "results" / "s"
+    stored.mkdir(parents=True)
+    (stored / "out.txt").write_text("old\n")
+    (stored / "run.json").write_text('{"step": "s"}\n')
+    stamp.begin("s", tmp_path)
+    stamp.command("s", ["tool", "--out", "results/s.new/out.txt"], tmp_path)
+    (tmp_path / "results" / "s.new" / "out.txt").write_text("partial\n")
+    # the step fails here: no `end`
+    assert (stored / "out.txt").read_text() == "old\n"
+    assert json.loads((stored / "run.json").read_text()) == {"step": "s"}
+    stamp.begin("s", tmp_path)  # a second try starts afresh
+    assert not (tmp_path / "results" / "s.new" / "out.txt").exists()
+    stamp.command("s", ["tool", "--out", "results/s.new/out.txt"], tmp_path)
+    (tmp_path / "results" / "s.new" / "out.txt").write_text("new\n")
+    stamp.end("s", tmp_path)
+    assert (stored / "out.txt").read_text() == "new\n"
+    stamped = json.loads((stored / "run.json").read_text())
+    assert stamped["commands"] == ["tool --out results/s/out.txt"]  # as stored
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["s"]
+
+
+def test_reproduce_writes_only_into_the_steps_staging_folder():
+    """Every output path of reproduce.sh's steps is under $new (results/STEP.new/): none
+    names results/STEP/ itself, except another step's stored output that a step reads."""
+    writes = re.findall(r"(?:>|tee|cp .*?) +\"?(results/\w+/[^\s\"]*)", SCRIPT.read_text())
+    assert writes == []
+
+
+@pytest.mark.slow
+def test_a_failed_step_leaves_its_stored_outputs_and_the_check_passes(tmp_path):
+    """reproduce.sh with a `gracecomm-bench` that prints a table and fails: the step stops,
+    results/STEP/ is as committed, and `--check` passes; the partial outputs stay in
+    results/STEP.new/."""
+    root = tmp_path / "repo"
+    (root / "results").mkdir(parents=True)
+    for name in ("reproduce.sh", "stamp.py", "render.py", "README.md"):
+        (root / "results" / name).write_text((ROOT / "results" / name).read_text())
+    (root / "results" / "renderers").symlink_to(ROOT / "results" / "renderers")
+    for entry in (ROOT / "results").iterdir():
+        if entry.is_dir() and entry.name not in ("renderers", "bench_fig10"):
+            (root / "results" / entry.name).symlink_to(entry)
+    stored = root / "results" / "bench_fig10"
+    stored.mkdir()
+    for entry in (ROOT / "results" / "bench_fig10").iterdir():
+        (stored / entry.name).write_bytes(entry.read_bytes())
+    before = {p.name: p.read_bytes() for p in stored.iterdir()}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "gracecomm-bench"
+    fake.write_text("#!/bin/sh\necho '| method | total_s |'\nexit 1\n")
+    fake.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path}
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    done = subprocess.run(["bash", "results/reproduce.sh", "bench_fig10"], cwd=root,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode != 0
+    assert {p.name: p.read_bytes() for p in stored.iterdir()} == before
+    assert (root / "results" / "bench_fig10.new" / "bench.txt").read_text() == (
+        "| method | total_s |\n")
+    check = subprocess.run(["bash", "results/reproduce.sh", "--check"], cwd=root,
+                           capture_output=True, text=True, timeout=300, env=env)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
 
 
 @pytest.mark.slow
