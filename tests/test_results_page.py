@@ -25,6 +25,22 @@ def load(name):
 
 
 render, stamp = load("render"), load("stamp")
+STATED = re.compile(r"(?:\[(\w+)\]\([^)\s]*run\.json\)|reproduce\.sh (\w+)`) at `\w+`"
+                    r"(?:(?!\]\(|reproduce\.sh).)*?"
+                    r"(?P<note> \((?:\*\*stale\*\*|whether the code)[^)]*\))")
+
+
+def pin_history(module):
+    """Make `module` (a load of results/render.py) say of each step's staleness what the
+    committed pages say, without git: the fast tier starts no process. The slow
+    `test_every_page_renders_as_committed` checks the pages against git's history."""
+    stated = {m[1] or m[2]: m["note"] for page in module.pages()
+              for m in STATED.finditer(page.read_text(encoding="utf-8"))}
+    module.staleness = lambda step, commit: stated.get(step, "")
+    return module
+
+
+pin_history(render)
 
 
 def default_steps():
@@ -268,3 +284,46 @@ def test_a_key_names_its_spec_once_at_the_bottom_of_the_page(tmp_path):
         render.render_text("4<!--a--> 5<!--b-->\n" + keys, page, registry)
     with pytest.raises(SystemExit, match="closes no"):
         render.render_text("<!--/--> 4<!--a--> <!--b-->1 to 2<!--/-->\n" + keys, page, registry)
+
+
+def test_every_step_declares_the_code_it_measures():
+    spec = importlib.util.spec_from_file_location("results_measures",
+                                                  ROOT / "results" / "measures.py")
+    measures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(measures)
+    assert sorted(measures.MEASURES) == sorted(default_steps())
+    for step, paths in measures.MEASURES.items():
+        assert paths, step
+        for path in paths:
+            assert (ROOT / path).exists(), f"{step}: {path} does not exist"
+
+
+def test_a_footer_says_how_many_commits_changed_the_measured_code(monkeypatch):
+    real = load("render")  # not pinned: its staleness reads later_commits
+    counts = {"a": 0, "b": 1, "c": 7, "d": None}
+    monkeypatch.setattr(real, "later_commits", lambda commit, paths: counts[commit])
+    notes = {c: real.staleness("first_run", c) for c in counts}
+    assert notes == {
+        "a": "", "b": " (**stale**: 1 later commit changes the code it measures, "
+        "results/measures.py)",
+        "c": " (**stale**: 7 later commits change the code it measures, results/measures.py)",
+        "d": " (whether the code it measures changed since is unknown: that commit is not in "
+        "this history)"}
+    assert "not declared" in real.staleness("no_such_step", "a")
+
+
+@pytest.mark.slow
+def test_later_commits_come_from_the_history_of_the_declared_paths():
+    real = load("render")
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    if git("rev-parse", "--is-shallow-repository") == "true":
+        pytest.skip("a shallow clone has no history to count")
+    paths = ("grace/",)
+    last = git("log", "-1", "--no-merges", "--format=%H", "--", *paths)
+    assert real.later_commits(git("rev-parse", "HEAD"), paths) == 0
+    assert real.later_commits(f"{last}~1", paths) >= 1
+    assert real.later_commits("0" * 12, paths) is None  # not in this history: unknown
