@@ -27,6 +27,11 @@ marks: a page can show the syntax. A renderer is a function
 by ``results/stamp.py``), so a page renders the same on any machine, and a re-run of one
 step changes only the values that read it.
 
+A block's footer also says how many later commits change the code its steps measure (the
+paths results/measures.py declares for each step; from ``git log``, so the same at the same
+commit on any clone with history): a stale block shows it on the page, and
+``python results/render.py --stale`` lists the stale steps and fails.
+
 To add one: write the function in a module of ``results/renderers/`` (a new module for a new
 family of results), add it to that module's ``RENDERERS``, and mark the page.
 """
@@ -41,9 +46,11 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -173,17 +180,74 @@ class Context:
         return Path(os.path.relpath(path, self.page.parent)).as_posix()
 
     def provenance(self, name: str) -> str:
-        """Where step `name`'s outputs come from: commit, date and load, from its stamp."""
+        """Where step `name`'s outputs come from: commit, date and load, from its stamp, and
+        the later commits to the code it measures (`staleness`)."""
         stamp = self.step(name).stamp
         changed = stamp.get("uncommitted") or []
         dirty = f" with uncommitted changes to {', '.join(changed)}" if changed else ""
-        return f"at `{stamp['commit']}`{dirty}, {stamp['date']}, {load(stamp)}"
+        return (f"at `{stamp['commit']}`{dirty}, {stamp['date']}, {load(stamp)}"
+                f"{staleness(name, stamp['commit'])}")
 
     def footer(self) -> str:
         """The stamps of the steps read so far, one line."""
         parts = [f"[{name}]({self.link(self.step(name).folder / 'run.json')}) "
                  f"{self.provenance(name)}" for name in self.used]
         return "<sub>Rendered from " + "; ".join(parts) + ".</sub>"
+
+
+def measured_paths(step: str) -> tuple[str, ...]:
+    """The code step `step` measures (results/measures.py; tests/test_results_page.py holds
+    every step of results/reproduce.sh to declaring it)."""
+    spec = importlib.util.spec_from_file_location("results_measures", RESULTS / "measures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.MEASURES.get(step, ())
+
+
+@cache
+def later_commits(commit: str, paths: tuple[str, ...]) -> int | None:
+    """The commits after `commit` up to HEAD (merges left out) that change `paths`, in this
+    repository's history; None where `commit` is not in it (a shallow clone) or there is no
+    git."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+    try:
+        if git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+            return None
+        done = git("rev-list", "--no-merges", "--count", f"{commit}..HEAD", "--", *paths)
+    except OSError:
+        return None
+    return int(done.stdout) if done.returncode == 0 else None
+
+
+def staleness(step: str, commit: str) -> str:
+    """What a footer says of the code `step` measures since its stamp's `commit`: nothing
+    while unchanged, else how many commits changed it, or that this history cannot tell."""
+    paths = measured_paths(step)
+    if not paths:
+        return " (the code it measures is not declared in results/measures.py)"
+    count = later_commits(commit, paths)
+    if count is None:
+        return (" (whether the code it measures changed since is unknown: that commit is not "
+                "in this history)")
+    if count == 0:
+        return ""
+    commits = f"{count} later commits change" if count > 1 else "1 later commit changes"
+    return f" (**stale**: {commits} the code it measures, results/measures.py)"
+
+
+def stale_steps(names: Sequence[str]) -> list[str]:
+    """`names` with commits since their stamp to the code they measure, or with no way to
+    tell, each with what its footer says."""
+    found = []
+    for name in sorted(set(names)):
+        stamp_path = RESULTS / name / "run.json"
+        if stamp_path.exists():
+            note = staleness(name, json.loads(stamp_path.read_text(encoding="utf-8"))["commit"])
+            if note:
+                found.append(f"{name}:{note}")
+    return found
 
 
 def load(stamp: dict[str, Any]) -> str:
@@ -271,8 +335,8 @@ def marks(text: str, page: Path) -> list[Mark]:
 
 
 def render_text(text: str, page: Path, registry: dict[str, Renderer],
-                root: Path = ROOT) -> str:
-    """`text` with every mark rendered again."""
+                root: Path = ROOT, read: list[str] | None = None) -> str:
+    """`text` with every mark rendered again; the steps read are added to `read`."""
     out, at = [], 0
     for mark in marks(text, page):
         name, *args = shlex.split(mark.spec)
@@ -284,6 +348,8 @@ def render_text(text: str, page: Path, registry: dict[str, Renderer],
             body = registry[name](ctx, *args).strip("\n")
         except Exception as err:
             raise SystemExit(f"render: {page}: '{mark.spec}' failed: {err}") from err
+        if read is not None:
+            read.extend(ctx.used)
         if mark.body.startswith("\n"):  # a block: a footer with the stamps it read
             body = f"\n{body}\n\n{ctx.footer()}\n" if ctx.used else f"\n{body}\n"
         if mark.form == "word" and not WORD.fullmatch(body):
@@ -315,15 +381,18 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="write nothing; fail if a page differs from its render")
+    parser.add_argument("--stale", action="store_true",
+                        help="fail if a step the pages read has later commits to the code it "
+                        "measures (results/measures.py), listing them")
     parser.add_argument("pages", nargs="*", type=Path, help="pages (default: every page)")
     args = parser.parse_args(argv)
     registry = load_renderers(root / "results" / "renderers")
-    stale = []
+    stale, read = [], []
     for page in [p.resolve() for p in args.pages] or pages(root):
         if not page.exists():
             continue
         text = page.read_text(encoding="utf-8")
-        new = render_text(text, page, registry, root)
+        new = render_text(text, page, registry, root, read)
         if new == text:
             continue
         rel = page.relative_to(root) if page.is_relative_to(root) else page
@@ -335,10 +404,16 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> None:
         else:
             page.write_text(new, encoding="utf-8")
             print(f"rendered {rel}")
+    outdated = stale_steps(read) if args.stale else []
+    if outdated:
+        print("steps whose stored outputs predate a change to the code they measure (re-run "
+              "them: bash results/reproduce.sh STEP):\n" + "\n".join(outdated))
     if stale:
         raise SystemExit(f"render: {', '.join(stale)} differ from what the stored outputs "
                          "render (a table edited by hand, or a stored output changed without "
                          "re-rendering): run 'python results/render.py' to rewrite them")
+    if outdated:
+        raise SystemExit(f"render: {len(outdated)} steps are stale")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
 #   bash results/reproduce.sh sidco lgc  # only these steps
 #   bash results/reproduce.sh --check    # render every page from the stored outputs, run
 #                                        # nothing; fails if a page differs (CI runs this)
+# A step writes its outputs into results/STEP.new/ ($new) and `stamp.py end` puts them in
+# place of results/STEP/ only once every command succeeded: a step that fails leaves the
+# stored outputs (and `--check`) as they were, and its partial outputs in results/STEP.new/.
 # results/STEP/run.json is the step's stamp (results/stamp.py): the commit, the date, the load
 # average before and after, every command the step ran, and the uncommitted changes that
 # could alter a number. The tables of the results page and docs/ are rendered from these
@@ -46,7 +49,7 @@ train_into() {  # train_into DIR [overrides...]: a multirun into an emptied $OUT
 sweep() {  # sweep NAME [overrides...]: one experiment sweep into $OUT/NAME, report stored
   local name=$1; shift
   train_into "$name" "+experiment=$name" "$@"
-  cp "$OUT/$name"/report.{md,csv} "$OUT/$name"/*.png "results/$step/"
+  cp "$OUT/$name"/report.{md,csv} "$OUT/$name"/*.png "$new/"
 }
 
 train_one() {  # train_one NAME [overrides...]: one run into outputs/results/STEP/NAME
@@ -58,7 +61,7 @@ train_one() {  # train_one NAME [overrides...]: one run into outputs/results/STE
 runs_of() {  # runs_of NAME DIR... [--series KEY...]: the runs under these directories as
              # records (results/runs.py), stored as results/STEP/NAME.json
   local name=$1; shift
-  run python results/runs.py "$@" > "results/$step/$name.json"
+  run python results/runs.py "$@" > "$new/$name.json"
 }
 
 store() {  # store NAME [VAR=VALUE...] CMD ARGS...: one gracecomm-bench or gracecomm-netbench
@@ -69,12 +72,12 @@ store() {  # store NAME [VAR=VALUE...] CMD ARGS...: one gracecomm-bench or grace
   local cmd=("$@" "hydra.run.dir=$dir")
   [ ${#env[@]} -eq 0 ] || cmd=(env "${env[@]}" "${cmd[@]}")
   rm -rf "$dir"
-  run "${cmd[@]}" | tee "results/$step/$name.txt"
+  run "${cmd[@]}" | tee "$new/$name.txt"
   local records=${1#gracecomm-}
   [ "$1" = python ] && records=bench  # a script of results/ that runs gracecomm-bench
-  cp "$dir/$records.json" "results/$step/$name.json"
+  cp "$dir/$records.json" "$new/$name.json"
   local png
-  for png in "$dir"/*.png; do [ -e "$png" ] && cp "$png" "results/$step/${name}_$(basename "$png")"; done
+  for png in "$dir"/*.png; do [ -e "$png" ] && cp "$png" "$new/${name}_$(basename "$png")"; done
   return 0
 }
 
@@ -90,6 +93,7 @@ for step in "${steps[@]}"; do
     continue
   fi
   python results/stamp.py begin "$step"
+  new="results/$step.new"  # the step's outputs until it succeeds (stamp.py)
   case $step in
     first_run)  # the README's first run (the default experiment), the same dense and with a
                 # parameter server, and NCF: their summaries, as the runs print them
@@ -99,7 +103,7 @@ for step in "${steps[@]}"; do
       train_one ncf compressor=none model=ncf data=implicit_feedback trainer.optimizer=adam \
         trainer.lr=0.001
       for run in topk none parameter_server ncf; do
-        cp "outputs/results/first_run/$run/summary.json" "results/first_run/$run.json"
+        cp "outputs/results/first_run/$run/summary.json" "$new/$run.json"
       done ;;
     lgc_default)  # LGC-RAR on the default experiment with short phases (docs/methods.md)
       lgc=(compressor=lgc_rar compressor.warmup_iters=50 compressor.ae_train_iters=100)
@@ -110,7 +114,7 @@ for step in "${steps[@]}"; do
       rm -rf outputs/results/lgc_default/alpha_seed1
       run gracecomm-train trainer.progress=false "${lgc[@]}" compressor.ratio=0.001 seed=1 \
         hydra.run.dir=outputs/results/lgc_default/alpha_seed1 \
-        2> results/lgc_default/alpha_seed1.txt || true ;;
+        2> "$new"/alpha_seed1.txt || true ;;
     training_defaults)  # the sweeps behind the compressors' training defaults, on the default
                         # experiment and on grace_benchmark (docs/experiments.md)
       train_into signsgd_lr compressor=signsgd trainer.lr=0.05,0.002,0.001,0.0005 seed=0,1,2
@@ -136,7 +140,7 @@ for step in "${steps[@]}"; do
       rm -rf outputs/results/training_defaults/randomk_momentum_lr005
       run gracecomm-train trainer.progress=false compressor=randomk trainer.momentum=0.9 \
         trainer.lr=0.05 hydra.run.dir=outputs/results/training_defaults/randomk_momentum_lr005 \
-        2> results/training_defaults/randomk_momentum_lr005.txt || true ;;
+        2> "$new"/randomk_momentum_lr005.txt || true ;;
     sidco_escape)  # SIDCo's stage adaptation on the LSTM, world of one, 2 epochs: k_hat/k per
                    # step with M starting at 1 and from a sample (stages=auto, the default),
                    # with and without adapt.escape (docs/sparsifiers.md)
@@ -154,7 +158,7 @@ for step in "${steps[@]}"; do
       train_one sidco_e_m1 "${escape[@]}" +method=sidco_e compressor.stages=1
       runs_of runs outputs/results/sidco_escape --series quality ;;
     lgc_bound_resnet20)  # the LGC bound on ResNet-20, a network with batch normalisation
-      run python results/lgc_bound.py model=resnet20 data.noise=4 | tee results/lgc_bound_resnet20/bound.md ;;
+      run python results/lgc_bound.py model=resnet20 data.noise=4 | tee "$new"/bound.md ;;
     grace_benchmark) sweep grace_benchmark experiment.small.epochs=10 ;;
     sidco) sweep sidco ;;
     natural) sweep natural seed=0,1,2 ;;
@@ -162,10 +166,10 @@ for step in "${steps[@]}"; do
     deepreduce_fpr)  # the Bloom-policy grid of configs/experiment/deepreduce.yaml
       train_into deepreduce_fpr +experiment=deepreduce \
         +method=dr_bf_naive,dr_bf_p0,dr_bf_p1,dr_bf_p2 experiment.fpr=0.001,0.004,0.01,0.03
-      cp "$OUT/deepreduce_fpr"/report.{md,csv} "$OUT/deepreduce_fpr"/*.png results/deepreduce_fpr/ ;;
+      cp "$OUT/deepreduce_fpr"/report.{md,csv} "$OUT/deepreduce_fpr"/*.png "$new"/ ;;
     lgc) sweep lgc
-         run python -m gracecomm.experiments.reports.lgc "$OUT/lgc" --plot results/lgc/recon.png | tee results/lgc/phases.md
-         run python results/lgc_bound.py | tee results/lgc/bound.md ;;
+         run python -m gracecomm.experiments.reports.lgc "$OUT/lgc" --plot "$new"/recon.png | tee "$new"/phases.md
+         run python results/lgc_bound.py | tee "$new"/bound.md ;;
     sparse_model) sweep sparse_model ;;
     every_method) sweep every_method ;;  # 75 runs: every compressor by name, seeds 0-2
     bench_sidco)  # timing: about 10 minutes
@@ -176,7 +180,7 @@ for step in "${steps[@]}"; do
         store "run$i" gracecomm-bench 'methods=[{name: sidco, label: sidco_e}]' sizes=[2621440,26214400] \
           ratios=[0.01,0.001] distributions=[] steps=6 repeats=3 peak_memory=false
       done ;;
-    sidco_bound) run python results/sidco_bound.py | tee results/sidco_bound/output.md ;;
+    sidco_bound) run python results/sidco_bound.py | tee "$new"/output.md ;;
     bench_receive)
       store bench gracecomm-bench 'methods=[natural,natural_dithering,standard_dithering,qsgd,terngrad,signsgd,onebit,efsignsgd]' \
         sizes=[26214400] ratios=[0.01] gradients=[] distributions=[laplace] peak_memory=false \
@@ -189,7 +193,7 @@ for step in "${steps[@]}"; do
     bench_deepreduce) store bench gracecomm-bench suite=deepreduce ;;  # Bloom filters against pybloom-live
     bench_fig10) store bench gracecomm-bench suite=deepreduce_fig10 ;;
     natural_table1)
-      run python -m gracecomm.experiments.checks.natural_table1 | tee results/natural_table1/output.txt ;;
+      run python -m gracecomm.experiments.checks.natural_table1 | tee "$new"/output.txt ;;
     variance)
       store bench gracecomm-bench suite=variance \
         'columns=[method,data,numel,draws,second_moment,second_moment_std,variance,omega_bound,within_bound]' ;;
@@ -197,13 +201,13 @@ for step in "${steps[@]}"; do
       store bench gracecomm-bench suite=grace_reference "+grace_reference.path=$GRACE_PATH" \
         'columns=[method,total_s,x_read_total,bits_per_element,grace_total_s,grace_x_read_total,grace_bits_per_element,x_faster_than_grace,skipped]' ;;
     powersgd_vs_torch)
-      run python -m gracecomm.experiments.checks.powersgd_vs_torch | tee results/powersgd_vs_torch/output.txt ;;
+      run python -m gracecomm.experiments.checks.powersgd_vs_torch | tee "$new"/output.txt ;;
     hook)  # three runs: one run decides none of the targets on a shared machine
       for i in 1 2 3; do store "run$i" gracecomm-bench suite=hook +hook.rounds=7; done ;;
     long_run)  # ~2,900 steps of the default experiment: state size and peak RSS over time
       train_into long_run compressor=none,topk,dgc,sidco,powersgd,deepreduce trainer.epochs=130
-      cp "$OUT/long_run"/report.{md,csv} results/long_run/
-      run python results/long_run.py "$OUT/long_run" | tee results/long_run/memory.md ;;
+      cp "$OUT/long_run"/report.{md,csv} "$new"/
+      run python results/long_run.py "$OUT/long_run" | tee "$new"/memory.md ;;
     netbench)  # needs root and iproute2: a shaped loopback in a private network namespace
       store 100mbit gracecomm-netbench
       store 1000mbit gracecomm-netbench bandwidth_mbps=1000
@@ -220,7 +224,7 @@ for step in "${steps[@]}"; do
       train_into lgc_phase3_varint +experiment=lgc +method=lgc_rar \
         compressor.index_coding.format=varint trainer.max_steps=800
       run python -m gracecomm.experiments.reports.lgc "$OUT/lgc_phase3" "$OUT/lgc_phase3_varint" \
-        | tee results/lgc_phase3/phases.md ;;
+        | tee "$new"/phases.md ;;
     netbench_lgc)  # needs root: LGC-RAR's phase 3 against Top-k on a shaped link
       lgc='overrides=[model=resnet20,data=prototypes,+experiment.warmup_iters=1,+experiment.ae_train_iters=2]'
       store 100mbit gracecomm-netbench 'methods=[ddp,topk,lgc_rar]' also_sync=false rounds=2 "$lgc"
@@ -265,11 +269,11 @@ for step in "${steps[@]}"; do
             bandwidth_mbps=$mbit also_sync=false rounds=1 steps=15 warmup_steps=5 "$MODEL_METHODS"
         done
       done
-      run python -m gracecomm.experiments.cluster.report results/cluster_model/crossover.png \
-        results/cluster_model/{2,4,8}n_100mbit.json ;;
+      run python -m gracecomm.experiments.cluster.report "$new"/crossover.png \
+        "$new"/{2,4,8}n_100mbit.json ;;
     cluster_collectives)  # Gloo's allreduce and allgather alone, against the model
       run python -m gracecomm.experiments.cluster.probe sweep \
-        results/cluster_collectives/collectives.json --nodes 2 4 8 --mbit 10 100 1000 ;;
+        "$new"/collectives.json --nodes 2 4 8 --mbit 10 100 1000 ;;
     cluster_tta)  # time to accuracy, 4 nodes at 10 and 100 Mbit/s
       for mbit in 10 100; do
         store "4n_${mbit}mbit" gracecomm-netbench topology=cluster goal=accuracy world_size=4 \
@@ -280,8 +284,8 @@ for step in "${steps[@]}"; do
         bandwidth_mbps=100 "$TTA_METHODS" "$TTA_DATA" timeout_s=1800 ;;
     cluster_projection)  # past this machine; steps to target from cluster_tta at 100 Mbit/s
       run python -m gracecomm.experiments.cluster.projection \
-        results/cluster_projection/projection.json --tta results/cluster_tta/4n_100mbit.json \
-        --plot results/cluster_projection/projection.png | tee results/cluster_projection/projection.txt ;;
+        "$new"/projection.json --tta results/cluster_tta/4n_100mbit.json \
+        --plot "$new"/projection.png | tee "$new"/projection.txt ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;
   esac
   python results/stamp.py end "$step"

@@ -1,11 +1,15 @@
 """Provenance of a results step: the stamp `results/STEP/run.json` that every rendered table
 of the step shows (results/render.py).
 
-    python results/stamp.py begin STEP              # empties results/STEP/, starts its stamp
+    python results/stamp.py begin STEP              # starts results/STEP.new/ and its stamp
     python results/stamp.py command STEP -- ARGS... # records one command the step runs
-    python results/stamp.py end STEP                # records the load after the step
+    python results/stamp.py end STEP                # records the load after the step, and puts
+                                                    # results/STEP.new/ in place of results/STEP/
 
-`results/reproduce.sh` calls these around every step. The stamp holds the commit, the date,
+`results/reproduce.sh` calls these around every step, and the step writes its outputs into
+``results/STEP.new/``: the stored outputs in ``results/STEP/`` are replaced only when the step
+got to its end, so a step that fails leaves them (and the pages rendered from them) as they
+were. The stamp holds the commit, the date,
 the 1-minute load average before and after, the minutes the step took, every command the
 step ran (as a shell line), and the uncommitted changes of the working tree that could alter
 a number: everything git sees as modified or untracked except Markdown pages, tests, CI
@@ -63,15 +67,22 @@ def commit(root: Path = ROOT) -> str:
 
 
 def step_dir(step: str, root: Path = ROOT) -> Path:
+    """The stored outputs of `step`: ``results/STEP/``."""
     if not step.replace("_", "").isalnum():
         raise SystemExit(f"stamp: step '{step}' must be a name of letters, digits and '_'")
     return root / "results" / step
 
 
-def begin(step: str, root: Path = ROOT) -> None:
-    """Empty the step's folder (no stale output of an earlier run stays) and start its
-    stamp."""
+def staging_dir(step: str, root: Path = ROOT) -> Path:
+    """Where a run of `step` writes its outputs until it succeeds: ``results/STEP.new/``."""
     folder = step_dir(step, root)
+    return folder.with_name(folder.name + ".new")
+
+
+def begin(step: str, root: Path = ROOT) -> None:
+    """Start the step's outputs in an empty ``results/STEP.new/`` (what a failed run left
+    there goes) and its stamp; ``results/STEP/`` stays as it is."""
+    folder = staging_dir(step, root)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     stamp = {"step": step, "commit": commit(root), "uncommitted": uncommitted_changes(root),
@@ -94,19 +105,29 @@ def write(folder: Path, stamp: dict) -> None:
 
 
 def command(step: str, args: Sequence[str], root: Path = ROOT) -> None:
-    folder = step_dir(step, root)
+    """Record one command of the step, with the paths it writes as they will be stored."""
+    folder = staging_dir(step, root)
     stamp = read(folder)
-    stamp["commands"].append(shlex.join(args))
+    line = shlex.join(args).replace(f"results/{folder.name}/", f"results/{step}/")
+    stamp["commands"].append(line)
     write(folder, stamp)
 
 
 def end(step: str, root: Path = ROOT) -> None:
-    folder = step_dir(step, root)
-    stamp = read(folder)
+    """Finish the stamp and put ``results/STEP.new/`` in place of ``results/STEP/``."""
+    staged = staging_dir(step, root)
+    stamp = read(staged)
     stamp["load"]["after"] = round(os.getloadavg()[0], 2)
     if "started" in stamp:
         stamp["minutes"] = round((time.time() - stamp.pop("started")) / 60, 1)
-    write(folder, stamp)
+    write(staged, stamp)
+    folder = step_dir(step, root)
+    old = folder.with_name(folder.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    staged.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

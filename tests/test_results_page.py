@@ -25,6 +25,22 @@ def load(name):
 
 
 render, stamp = load("render"), load("stamp")
+STATED = re.compile(r"(?:\[(\w+)\]\([^)\s]*run\.json\)|reproduce\.sh (\w+)`) at `\w+`"
+                    r"(?:(?!\]\(|reproduce\.sh).)*?"
+                    r"(?P<note> \((?:\*\*stale\*\*|whether the code)[^)]*\))")
+
+
+def pin_history(module):
+    """Make `module` (a load of results/render.py) say of each step's staleness what the
+    committed pages say, without git: the fast tier starts no process. The slow
+    `test_every_page_renders_as_committed` checks the pages against git's history."""
+    stated = {m[1] or m[2]: m["note"] for page in module.pages()
+              for m in STATED.finditer(page.read_text(encoding="utf-8"))}
+    module.staleness = lambda step, commit: stated.get(step, "")
+    return module
+
+
+pin_history(render)
 
 
 def default_steps():
@@ -153,9 +169,72 @@ def test_stamp_names_the_commit_and_changes_that_could_alter_a_number(tmp_path):
     (tmp_path / "grace").mkdir()
     (tmp_path / "grace" / "new.py").write_text("")
     stamp.begin("lgc", tmp_path)
-    stamped = json.loads((tmp_path / "results" / "lgc" / "run.json").read_text())
+    stamped = json.loads((tmp_path / "results" / "lgc.new" / "run.json").read_text())
     assert stamped["uncommitted"] == ["code.py", "grace/new.py", "results/script.py"]
     assert stamped["commands"] == []  # begin starts afresh
+
+
+def test_a_step_replaces_its_stored_outputs_only_when_it_ends(tmp_path, monkeypatch):
+    """`stamp.py begin` starts results/STEP.new/; only `end` puts it in place of
+    results/STEP/, so a step that fails in between leaves the stored outputs as they were."""
+    monkeypatch.setattr(stamp, "commit", lambda root: "0123456789ab")
+    monkeypatch.setattr(stamp, "uncommitted_changes", lambda root: [])
+    stored = tmp_path / "results" / "s"
+    stored.mkdir(parents=True)
+    (stored / "out.txt").write_text("old\n")
+    (stored / "run.json").write_text('{"step": "s"}\n')
+    stamp.begin("s", tmp_path)
+    stamp.command("s", ["tool", "--out", "results/s.new/out.txt"], tmp_path)
+    (tmp_path / "results" / "s.new" / "out.txt").write_text("partial\n")
+    # the step fails here: no `end`
+    assert (stored / "out.txt").read_text() == "old\n"
+    assert json.loads((stored / "run.json").read_text()) == {"step": "s"}
+    stamp.begin("s", tmp_path)  # a second try starts afresh
+    assert not (tmp_path / "results" / "s.new" / "out.txt").exists()
+    stamp.command("s", ["tool", "--out", "results/s.new/out.txt"], tmp_path)
+    (tmp_path / "results" / "s.new" / "out.txt").write_text("new\n")
+    stamp.end("s", tmp_path)
+    assert (stored / "out.txt").read_text() == "new\n"
+    stamped = json.loads((stored / "run.json").read_text())
+    assert stamped["commands"] == ["tool --out results/s/out.txt"]  # as stored
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["s"]
+
+
+def test_reproduce_writes_only_into_the_steps_staging_folder():
+    """Every output path of reproduce.sh's steps is under $new (results/STEP.new/): none
+    names results/STEP/ itself, except another step's stored output that a step reads."""
+    writes = re.findall(r"(?:>|tee|cp .*?) +\"?(results/\w+/[^\s\"]*)", SCRIPT.read_text())
+    assert writes == []
+
+
+@pytest.mark.slow
+def test_a_failed_step_leaves_its_stored_outputs_and_the_check_passes(tmp_path):
+    """reproduce.sh with a `gracecomm-bench` that prints a table and fails: the step stops,
+    results/STEP/ is as committed, and `--check` passes; the partial outputs stay in
+    results/STEP.new/."""
+    root = tmp_path / "repo"  # a clone of HEAD, with the history the footers count from
+    subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(root)], check=True,
+                   capture_output=True)
+    for script in ("reproduce.sh", "stamp.py"):  # the working tree's, as tested
+        (root / "results" / script).write_text((ROOT / "results" / script).read_text())
+    stored = root / "results" / "bench_fig10"
+    before = {p.name: p.read_bytes() for p in stored.iterdir()}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "gracecomm-bench"
+    fake.write_text("#!/bin/sh\necho '| method | total_s |'\nexit 1\n")
+    fake.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path}
+    done = subprocess.run(["bash", "results/reproduce.sh", "bench_fig10"], cwd=root,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode != 0
+    assert {p.name: p.read_bytes() for p in stored.iterdir()} == before
+    assert (root / "results" / "bench_fig10.new" / "bench.txt").read_text() == (
+        "| method | total_s |\n")
+    check = subprocess.run(["bash", "results/reproduce.sh", "--check"], cwd=root,
+                           capture_output=True, text=True, timeout=300, env=env)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -192,3 +271,46 @@ def test_a_key_names_its_spec_once_at_the_bottom_of_the_page(tmp_path):
         render.render_text("4<!--a--> 5<!--b-->\n" + keys, page, registry)
     with pytest.raises(SystemExit, match="closes no"):
         render.render_text("<!--/--> 4<!--a--> <!--b-->1 to 2<!--/-->\n" + keys, page, registry)
+
+
+def test_every_step_declares_the_code_it_measures():
+    spec = importlib.util.spec_from_file_location("results_measures",
+                                                  ROOT / "results" / "measures.py")
+    measures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(measures)
+    assert sorted(measures.MEASURES) == sorted(default_steps())
+    for step, paths in measures.MEASURES.items():
+        assert paths, step
+        for path in paths:
+            assert (ROOT / path).exists(), f"{step}: {path} does not exist"
+
+
+def test_a_footer_says_how_many_commits_changed_the_measured_code(monkeypatch):
+    real = load("render")  # not pinned: its staleness reads later_commits
+    counts = {"a": 0, "b": 1, "c": 7, "d": None}
+    monkeypatch.setattr(real, "later_commits", lambda commit, paths: counts[commit])
+    notes = {c: real.staleness("first_run", c) for c in counts}
+    assert notes == {
+        "a": "", "b": " (**stale**: 1 later commit changes the code it measures, "
+        "results/measures.py)",
+        "c": " (**stale**: 7 later commits change the code it measures, results/measures.py)",
+        "d": " (whether the code it measures changed since is unknown: that commit is not in "
+        "this history)"}
+    assert "not declared" in real.staleness("no_such_step", "a")
+
+
+@pytest.mark.slow
+def test_later_commits_come_from_the_history_of_the_declared_paths():
+    real = load("render")
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    if git("rev-parse", "--is-shallow-repository") == "true":
+        pytest.skip("a shallow clone has no history to count")
+    paths = ("grace/",)
+    last = git("log", "-1", "--no-merges", "--format=%H", "--", *paths)
+    assert real.later_commits(git("rev-parse", "HEAD"), paths) == 0
+    assert real.later_commits(f"{last}~1", paths) >= 1
+    assert real.later_commits("0" * 12, paths) is None  # not in this history: unknown

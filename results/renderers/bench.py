@@ -159,7 +159,8 @@ def hook(ctx: Context) -> str:
 
 def variance(ctx: Context) -> str:
     """The second moments and variances of the natural-compression suite, against the
-    values the specification expects (spec natural.md, Sec. 10)."""
+    values expected from Horváth et al., *Natural Compression for Distributed Deep Learning*
+    (arXiv:1905.10988), Theorems 1 and 4 (Sec. 3.1 and 4)."""
     expected = {("natural", "(4/3) 2^k"): "1.1250 ± 0.0025", ("natural", "gaussian"): "1.0818",
                 ("natural_dithering s=8", "gaussian"): "variance 0.99",
                 ("standard_dithering s=8", "gaussian"): "variance 30.5",
@@ -173,7 +174,7 @@ def variance(ctx: Context) -> str:
              expected[(r["method"], r["data"])]]
             for r in ctx.step("variance").json()]
     return ctx.table(["method", "data", "second moment (sd over draws)", "bound ω", "variance",
-                      "expected (spec `natural.md` Sec. 10)"], body)
+                      "expected (Horváth et al., Sec. 3.1 and 4)"], body)
 
 
 GRACE_LABELS = {"topk 0.01": "topk 1%", "topk 0.001": "topk 0.1%", "randomk 0.01": "randomk 1%",

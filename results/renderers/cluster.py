@@ -6,10 +6,19 @@
     <!-- render: cluster_model -->               every run of cluster_model, measured and projected
     <!-- render: cluster_collectives -->         Gloo's collectives alone against the model
     <!-- render: cluster_projection -->          past this machine, on paper
+    cluster_model_error MBIT FORMAT                  (a value) the largest error of a projected
+                                                     speedup at MBIT Mbit/s, over every node count
+
+The reports' "Sources" lines carry the commit as netbench recorded it; netbench marks it "with
+uncommitted changes" whenever the working tree differs, which it does while a step writes its
+own outputs, so the blocks say what the step's stamp says instead (`stamp.py` judges which
+changes could alter a number).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import TYPE_CHECKING
 
 from gracecomm.experiments.cluster import report as cluster_report
@@ -18,35 +27,66 @@ if TYPE_CHECKING:
     from render import Context
 
 
+def as_stamped(ctx: Context, name: str, text: str) -> str:
+    """`text` with every "at commit `HASH with uncommitted changes`" of netbench's own record
+    replaced by what step `name`'s stamp says of the same commit."""
+    stamp = ctx.step(name).stamp
+    changed = stamp.get("uncommitted") or []
+    dirty = f" with uncommitted changes to {', '.join(changed)}" if changed else ""
+    return re.sub(r"at commit `(\w+) with uncommitted changes`",
+                  lambda m: f"at commit `{m[1]}{dirty}`", text)
+
+
 def step(ctx: Context, name: str, run: str) -> str:
-    return ctx.pending(name) or cluster_report.render_step(ctx.step(name).path(f"{run}.json"))
+    return ctx.pending(name) or as_stamped(ctx, name, cluster_report.render_step(
+        ctx.step(name).path(f"{run}.json")))
 
 
 def tta(ctx: Context, name: str, run: str) -> str:
-    return ctx.pending(name) or cluster_report.render_tta(ctx.step(name).path(f"{run}.json"))
+    return ctx.pending(name) or as_stamped(ctx, name, cluster_report.render_tta(
+        ctx.step(name).path(f"{run}.json")))
+
+
+def model_runs(ctx: Context) -> list:
+    return sorted(ctx.step("cluster_model").folder.glob("*n_*mbit.json"))
 
 
 def model(ctx: Context) -> str:
     if note := ctx.pending("cluster_model"):
         return note
-    stored = ctx.step("cluster_model")
-    return cluster_report.render_model(sorted(p for p in stored.folder.glob("*n_*mbit.json")))
+    return as_stamped(ctx, "cluster_model", cluster_report.render_model(model_runs(ctx)))
+
+
+def model_error(ctx: Context, mbit: str, fmt: str) -> str:
+    """The largest |projected / measured - 1| of a speedup whose communication was timed, over
+    the stored `cluster_model` runs at `mbit` Mbit/s (the table's "Largest error", per rate)."""
+    errors = [abs(row["projected_speedup"] / row["measured_speedup"] - 1)
+              for path in model_runs(ctx)
+              for result in [json.loads(path.read_text(encoding="utf-8"))]
+              if result["bandwidth_mbps"] == float(mbit)
+              for row in result["runs"] if row["comm_timed"]]
+    if not errors:
+        raise ValueError(f"cluster_model has no run at {mbit} Mbit/s")
+    return fmt.format(max(errors))
 
 
 def collectives(ctx: Context) -> str:
-    return ctx.pending("cluster_collectives") or cluster_report.render_collectives(
-        ctx.step("cluster_collectives").path("collectives.json"))
+    return ctx.pending("cluster_collectives") or as_stamped(
+        ctx, "cluster_collectives", cluster_report.render_collectives(
+            ctx.step("cluster_collectives").path("collectives.json")))
 
 
 def projection(ctx: Context) -> str:
-    return ctx.pending("cluster_projection") or cluster_report.render_projection(
-        ctx.step("cluster_projection").path("projection.json"))
+    return ctx.pending("cluster_projection") or as_stamped(
+        ctx, "cluster_projection", cluster_report.render_projection(
+            ctx.step("cluster_projection").path("projection.json")))
 
 
 RENDERERS = {
     "cluster_step": step,
     "cluster_tta": tta,
     "cluster_model": model,
+    "cluster_model_error": model_error,
     "cluster_collectives": collectives,
     "cluster_projection": projection,
 }

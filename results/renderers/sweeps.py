@@ -157,7 +157,8 @@ def sparse_model(ctx: Context) -> str:
                       *SECTIONS, "overhead_ms/step", *SPEEDUP_HEAD], body)
 
 
-# DeepReduce's Table 2 (NCF on MovieLens-20M, 001:L243-249): data volume relative to dense
+# DeepReduce's Table 2 (NCF on MovieLens-20M; Kostopoulou et al., DeepReduce,
+# arXiv:2102.03112, Sec. 6.3): data volume relative to dense
 # and hit rate against the baseline, per policy and value codec.
 PAPER_TABLE2 = {("p0", "QSGDValues", "0.6"): ("DR^QSGD_BF-P0 (fpr 0.6)", 0.206, "-0.0001"),
                 ("p2", "PolyFitValues", "0.01"): ("DR^Fit-Poly_BF-P2 (fpr 0.01)", 0.588, "+0.002")}

@@ -22,7 +22,8 @@ the value B names: only what differs from a (its filters; or FIELD, or STEP FILE
 its filters). OP ``-`` gives a - b, ``/`` a / b and ``%`` the change a / b - 1 (format it
 with ``'{:+.0%}'``); where a's filters select several records, the lowest and highest, each
 against b, or against the same record's FIELD where B is a FIELD alone.
-FIELD may carry a factor (``compress_s*1000``) or pick the i-th number of a printed cell
+FIELD may carry a factor (``compress_s*1000``), be the difference of two fields
+(``wire_bytes/step-header_bytes/step``) or pick the i-th number of a printed cell
 (``'recon first20 -> last50[1]'``); FORMAT is a Python format string
 (``'{:.1f}'``, ``'{:.0%}'``). ``target`` says ``met`` or ``missed``: whether the one selected
 value is ``<=`` or ``>=`` LIMIT, or ``within`` LOW..HIGH. ``pick`` gives the first group of a
@@ -88,7 +89,11 @@ NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
 
 def number(record: dict[str, Any], field: str) -> float:
     """The record's FIELD; ``FIELD[i]``: the i-th number in a printed cell such as
-    ``'4094.7 -> 799.1'`` or ``'3.92x'``; ``FIELD*factor`` scales it."""
+    ``'4094.7 -> 799.1'`` or ``'3.92x'``; ``FIELD*factor`` scales it; ``FIELD-OTHER`` (two
+    fields of the record) is their difference."""
+    minuend, dash, subtrahend = field.partition("-")
+    if dash and field not in record and minuend in record and subtrahend in record:
+        return number(record, minuend) - number(record, subtrahend)
     key, _, factor = field.partition("*")
     index = 0
     if key.endswith("]"):
