@@ -86,6 +86,17 @@ def test_every_reference_page_names_importable_modules():
         importlib.import_module(name)
 
 
+def test_the_framework_integrations_have_reference_pages():
+    """`GraceStrategy`, the Accelerate helper and `GraceTrainer` are in the API reference."""
+    pages = {page.name: page.read_text(encoding="utf-8")
+             for page in (DOCS / "reference").glob("*.md")}
+    for module, name in (("gracecomm.lightning", "GraceStrategy"),
+                         ("gracecomm.accelerate", "register_comm_hook"),
+                         ("gracecomm.hf", "GraceTrainer")):
+        assert any(re.search(rf"^::: {re.escape(module)}$(\n    .*)*{name}", text, re.M)
+                   for text in pages.values()), f"no reference page documents {module}.{name}"
+
+
 @pytest.mark.parametrize(("src_uri", "link", "expected"), [
     ("benchmarks.md", "../results/README.md#11-netbench", "results/README.md#11-netbench"),
     ("results/README.md", "../docs/experiments.md#every-method", "../experiments.md#every-method"),
