@@ -76,7 +76,8 @@ def one_line_errors(run: Callable[[DictConfig], Any]) -> Callable[[DictConfig], 
                 raise
             message = f"{type(err).__module__}.{type(err).__name__}: {err}"
             print(message, file=sys.stderr, flush=True)
-            rundir.to_log_file(message, logging.ERROR)
+            if os.environ.get("RANK", "0") == "0":  # once, also under torchrun
+                rundir.to_log_file(message, logging.ERROR)
             sys.exit(1)
 
     return checked
