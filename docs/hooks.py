@@ -8,6 +8,10 @@ things follow that MkDocs does not do by itself:
   (docs/benchmarks.md links ``../results/README.md#...``, results/README.md links
   ``../docs/experiments.md``). `on_page_markdown` rewrites such a link to the target's place
   in the site, where docs/ is the root and results/ sits inside it.
+- A table must follow a blank line for Python-Markdown's ``tables`` extension (GitHub
+  does not ask for one): a stored output printed as a line of text and then a table
+  (results/lgc/bound.md) showed its table as raw ``|...|`` lines. `on_page_markdown` sets
+  every table apart (`set_tables_apart`), so a page shows the same tables on both.
 - The API reference is read from source by griffe (mkdocstrings-python), which finds
   `gracecomm` in grace/ but not the subpackages that pyproject.toml maps from other folders
   (`[tool.setuptools.package-dir]`: compressors/ is `gracecomm.compressors`, ...).
@@ -33,6 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 API_TREE = ROOT / "build" / "api"
 SITE_FOLDERS = {"docs/": "", "results/": "results/"}  # repository folder -> place in the site
 LINK = re.compile(r"(\]\()([^)\s#:]+)(#[^)\s]*)?\)")  # a relative markdown link: ](path#anchor)
+TABLE_RULE = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")  # |---|:--:|
+FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 def on_startup(command: str, dirty: bool) -> None:
@@ -66,8 +72,31 @@ def repo_path(src_uri: str) -> str:
     return "docs/" + src_uri
 
 
+def table_starts(lines: list[str]) -> list[int]:
+    """The indices of the lines that start a table (a ``|`` line followed by its rule
+    ``|---|``), outside fenced code."""
+    starts, fenced = [], False
+    for i, line in enumerate(lines):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif (not fenced and line.lstrip().startswith("|") and i + 1 < len(lines)
+              and "-" in lines[i + 1] and TABLE_RULE.match(lines[i + 1])):
+            starts.append(i)
+    return starts
+
+
+def set_tables_apart(markdown: str) -> str:
+    """A blank line before every table that directly follows a line of text."""
+    lines = markdown.split("\n")
+    for i in reversed(table_starts(lines)):
+        if i > 0 and lines[i - 1].strip():
+            lines.insert(i, "")
+    return "\n".join(lines)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Point links written as repository paths at the same files in the site."""
+    """Point links written as repository paths at the same files in the site, and set
+    tables apart (`set_tables_apart`)."""
     src_dir = posixpath.dirname(page.file.src_uri)
     here = posixpath.dirname(repo_path(page.file.src_uri))
 
@@ -79,4 +108,4 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         new = posixpath.relpath(target, src_dir or ".")
         return f"{match.group(1)}{new}{match.group(3) or ''})"
 
-    return LINK.sub(rewrite, markdown)
+    return set_tables_apart(LINK.sub(rewrite, markdown))

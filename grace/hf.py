@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gracecomm.ddp import GradientExchange
+from gracecomm.ddp import GradientExchange, check_optimizer
 from gracecomm.frameworks import (
     MetricsWindow,
     attach,
@@ -27,11 +27,12 @@ from gracecomm.frameworks import (
     save_state_file,
 )
 from gracecomm.pipeline import Grace, Spec
-from gracecomm.validation import MissingDependencyError
+from gracecomm.validation import ConfigError, MissingDependencyError
 
 try:
     from transformers import Trainer, TrainerCallback
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+    from transformers.training_args import ParallelMode
 except ImportError as err:
     raise MissingDependencyError("gracecomm.hf needs transformers: pip install "
                             "'gracecomm[transformers]'") from err
@@ -55,8 +56,11 @@ class GraceTrainer(Trainer):
         **kwargs: the Trainer's.
 
     Raises:
-        ConfigError: a bad spec; at the first training step, a model the Trainer did not wrap
-            in DDP (one process) or an optimizer the method cannot train with.
+        ConfigError: when constructed (before `train` starts anything), a bad spec, arguments
+            that run one process (the Trainer would not wrap the model in DDP) or a given
+            optimizer the method cannot train with; at the first training step, a model
+            the Trainer did not wrap in DDP or an optimizer it created that the method
+            cannot train with.
 
     Example:
         >>> GraceTrainer(model=model, args=TrainingArguments("out", use_cpu=True),
@@ -67,6 +71,15 @@ class GraceTrainer(Trainer):
                  asynchronous: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.grace = pipeline(grace, None, None)
+        # what is known now is refused now, before `train` starts the framework's machinery
+        if self.optimizer is not None:  # given; else the Trainer creates it in `train`
+            check_optimizer(self.grace, self.optimizer)
+        if self.args.parallel_mode != ParallelMode.DISTRIBUTED:
+            raise ConfigError("the Hugging Face Trainer will not wrap the model in "
+                              "DistributedDataParallel (TrainingArguments.parallel_mode is "
+                              f"{self.args.parallel_mode.value}), so the gradients would never "
+                              f"reach the gracecomm hook and train uncompressed: "
+                              f"{SEVERAL_PROCESSES}")
         self.grace_weight_decay = weight_decay
         self.grace_asynchronous = asynchronous
         self.exchange: GradientExchange | None = None

@@ -15,6 +15,14 @@ adds the decay). With ``clip_scope: model`` (DGC's choice) every tensor is scale
 factor from the norm of all local gradients, which the pipeline supplies with `set_local_norm`
 before the exchange (`Need.GLOBAL_NORM`); ``tensor`` clips each tensor by its own norm. With
 m = 0 and no clipping this memory equals residual memory exactly.
+
+Momentum factor masking needs a compressor that sends some elements and leaves the others
+(a sparsifier, or a dense or per-element method). PowerSGD (Vogels et al., NeurIPS 2019)
+sends a low-rank approximation of every element: every position counts as sent, v would be
+zeroed each step, and its error M - P Q^T (the error feedback of its Algorithm 1) would be
+dropped, training plain momentum SGD on low-rank gradients. The pairing is refused
+(`check`): PowerSGD's own error feedback is ``memory=residual``, with the momentum in the
+optimizer.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ from gracecomm.memory import Memory
 from gracecomm.needs import Need
 from gracecomm.registry import MEMORIES
 from gracecomm.sparse import SparseSelection
-from gracecomm.validation import ConfigError, check_choice, check_range
+from gracecomm.validation import ConfigError, IncompatibleError, check_choice, check_range
+
+LOW_RANK = ("powersgd",)  # compressors whose payload approximates every element (`check`)
 
 
 @MEMORIES.register("dgc")
@@ -56,6 +66,18 @@ class DGCMemory(Memory):
     def needs(self) -> frozenset[Need]:
         clips_by_model = self.clip_norm is not None and self.clip_scope == "model"
         return frozenset({Need.OWNS_MOMENTUM, *([Need.GLOBAL_NORM] if clips_by_model else [])})
+
+    def check(self, compressor: Compressor) -> None:
+        """Refuse a low-rank compressor (PowerSGD), whose payload carries no element for
+        momentum factor masking to clear (module docstring)."""
+        if compressor.registry_name in LOW_RANK:
+            raise IncompatibleError(
+                f"{self.label} masks its momentum and accumulation at the elements a "
+                "compressor sends (Lin et al. 2018, Sec. 3.3), but "
+                f"{compressor.label} sends a low-rank approximation of every element, so "
+                "the whole accumulation would be cleared each step and its error feedback "
+                "(Vogels et al. 2019, Algorithm 1) lost; use memory=residual (its default) "
+                "with the optimizer's momentum")
 
     def set_local_norm(self, norm: float) -> None:
         self.local_norm = float(norm)

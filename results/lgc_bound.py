@@ -96,6 +96,7 @@ def main() -> None:
     print(f"{x.shape[0]} phase-2 vectors of mu = {x.shape[1]}; neighbour correlation "
           f"{float((a * b).sum() / (a.pow(2).sum() * b.pow(2).sum()).sqrt()):.3f}, kurtosis "
           f"{float(x.pow(4).mean() / x.pow(2).mean() ** 2):.2f} (Gaussian 3)")
+    print()  # a table follows a blank line (Markdown)
     print("| code (4x bottleneck) | rho, top-k vectors | rho, i.i.d. Gaussian |")
     print("|---|---|---|")
     print(f"| LGC autoencoder, first 20 / last 50 steps | {sum(rho[:20]) / 20:.3f} / "

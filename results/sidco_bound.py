@@ -117,6 +117,7 @@ def main() -> None:
           f"{exceed.count / args.numel:.1%}, stage 2 "
           f"{share2 / args.numel:.1%}; SIDCo-E used {stages} "
           f"stages, k_hat/k {payload[0].numel() / max(1, round(args.ratio * args.numel)):.3f}")
+    print()  # a table follows a blank line (Markdown)
     print("| operation | ms | reads of the tensor |")
     print("|---|---|---|")
     for (label, _), seconds in zip(rows, times):

@@ -86,6 +86,17 @@ def test_every_reference_page_names_importable_modules():
         importlib.import_module(name)
 
 
+def test_the_framework_integrations_have_reference_pages():
+    """`GraceStrategy`, the Accelerate helper and `GraceTrainer` are in the API reference."""
+    pages = {page.name: page.read_text(encoding="utf-8")
+             for page in (DOCS / "reference").glob("*.md")}
+    for module, name in (("gracecomm.lightning", "GraceStrategy"),
+                         ("gracecomm.accelerate", "register_comm_hook"),
+                         ("gracecomm.hf", "GraceTrainer")):
+        assert any(re.search(rf"^::: {re.escape(module)}$(\n    .*)*{name}", text, re.M)
+                   for text in pages.values()), f"no reference page documents {module}.{name}"
+
+
 @pytest.mark.parametrize(("src_uri", "link", "expected"), [
     ("benchmarks.md", "../results/README.md#11-netbench", "results/README.md#11-netbench"),
     ("results/README.md", "../docs/experiments.md#every-method", "../experiments.md#every-method"),
@@ -102,6 +113,45 @@ def test_links_between_repository_folders_point_into_the_site(src_uri, link, exp
     page = SimpleNamespace(file=SimpleNamespace(src_uri=src_uri))
     text = f"see [there]({link}) and `code`"
     assert hooks.on_page_markdown(text, page, None, None) == f"see [there]({expected}) and `code`"
+
+
+def published_pages() -> list[tuple[str, Path]]:
+    """(place in the site, file) of every Markdown page the site publishes: docs/ and the
+    results folder it links, less mkdocs.yml's ``exclude_docs``."""
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=_Loader)
+    excluded = {line.strip().lstrip("/") for line in config["exclude_docs"].splitlines()}
+    pages = [(str(p.relative_to(DOCS)), p) for p in sorted(DOCS.rglob("*.md"))
+             if p.relative_to(DOCS).parts[0] != "results"]
+    pages += [(str(p.relative_to(ROOT)), p) for p in sorted((ROOT / "results").rglob("*.md"))]
+    return [(uri, p) for uri, p in pages if uri not in excluded]
+
+
+def test_every_published_table_follows_a_blank_line():
+    """Python-Markdown reads a table only after a blank line (GitHub also without one): no
+    page, as the hooks hand it to MkDocs, has a table's first line (a ``|`` line followed by
+    its ``|---|`` rule) directly after a line of text, outside fenced code."""
+    hooks = load_hooks()
+    glued = []
+    for uri, path in published_pages():
+        page = SimpleNamespace(file=SimpleNamespace(src_uri=uri))
+        lines = hooks.on_page_markdown(path.read_text(encoding="utf-8"), page, None,
+                                       None).split("\n")
+        fenced = False
+        for i in range(1, len(lines) - 1):
+            if lines[i].lstrip().startswith(("```", "~~~")):
+                fenced = not fenced
+            if (not fenced and lines[i].lstrip().startswith("|") and lines[i - 1].strip()
+                    and not lines[i - 1].lstrip().startswith("|")
+                    and re.fullmatch(r"\s*\|?[-:| ]*-[-:| ]*", lines[i + 1])):
+                glued.append(f"{uri}:{i + 1}: {lines[i - 1][:60]!r}")
+    assert len(published_pages()) > 50
+    assert glued == [], f"tables directly after a line of text: {glued}"
+
+
+def test_a_table_after_text_is_set_apart_and_code_is_left_alone():
+    hooks = load_hooks()
+    text = "300 vectors\n| a | b |\n|---|---|\n| 1 | 2 |\n```\nx\n| c |\n|---|\n```"
+    assert hooks.set_tables_apart(text) == text.replace("vectors\n", "vectors\n\n", 1)
 
 
 def test_the_api_tree_lays_out_the_package_as_installed(tmp_path, monkeypatch):

@@ -343,14 +343,33 @@ def test_hf_trainer_subclass(tmp_path):
     assert not torch.equal(trained(tmp_path, "resume_without_state"), topk)
 
 
+def test_grace_trainer_refuses_what_it_can_when_constructed(tmp_path):
+    """Before `train` starts Accelerate and the workers' machinery, so that the refusal is
+    the first error a user sees: a given optimizer with the momentum DGC's memory applies,
+    and arguments that run one process (the Trainer would not wrap the model in DDP)."""
+    pytest.importorskip("transformers")
+    from transformers import TrainingArguments
+
+    from gracecomm.hf import GraceTrainer
+
+    model = mlp()
+    args = TrainingArguments(str(tmp_path), use_cpu=True, report_to="none")
+    momentum = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(ConfigError, match="memory 'dgc' applies the momentum"):
+        GraceTrainer(model=model, args=args, optimizers=(momentum, None), grace="dgc")
+    with pytest.raises(ConfigError, match="will not wrap the model.*not_parallel.*torchrun"):
+        GraceTrainer(model=model, args=args, grace={"name": "topk", "ratio": 0.1})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("package", "script", "who", "how"), [
-    ("accelerate", "accelerate_run.py", "Accelerate", "--multi_gpu"),
-    ("transformers", "hf_run.py", "Trainer", "torchrun")])
+    ("accelerate", "accelerate_run.py", "Accelerate did not", "--multi_gpu"),
+    ("transformers", "hf_run.py", "Trainer will not", "torchrun")])
 def test_one_process_says_how_to_start_several(tmp_path, package, script, who, how):
-    """Without a launcher the framework wraps nothing: refused before any update."""
+    """Without a launcher the framework wraps nothing: refused before any update (the
+    Trainer's when it is constructed, from its arguments)."""
     pytest.importorskip(package)
     launch(script, tmp_path, "one_process", processes=1)
     run = result(tmp_path, "one_process")
-    assert f"{who} did not wrap the model in DistributedDataParallel" in run["error"]
+    assert f"{who} wrap the model in DistributedDataParallel" in run["error"]
     assert how in run["error"] and torch.equal(run["params"], run["initial"])

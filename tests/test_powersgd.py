@@ -5,7 +5,10 @@ import torch
 
 import gracecomm
 from gracecomm.compressors.powersgd import PowerSGD, next_value, orthonormalize
+from gracecomm.experiments.training.config import build_grace
+from gracecomm.memories.dgc import DGCMemory
 from gracecomm.validation import IncompatibleError, PayloadError
+from tests.helpers import compose_train
 
 
 def gaussian(*shape, seed=0):
@@ -64,6 +67,28 @@ def test_other_dtypes_and_refused_pairings():
         assert out.shape == x.shape and out.dtype == x.dtype
     with pytest.raises(IncompatibleError, match="allreduce"):
         gracecomm.build("powersgd", communicator="allgather")
+
+
+def test_dgc_memory_is_refused_with_the_reason():
+    """DGC's momentum factor masking clears what a compressor sent; PowerSGD's low-rank
+    payload approximates every element, so the memory would clear its whole accumulation
+    each step and PowerSGD would lose its error feedback: refused when built, which is
+    before any worker starts on the command line (``compressor=powersgd memory=dgc``)."""
+    with pytest.raises(IncompatibleError, match="low-rank approximation of every element.*"
+                       "use memory=residual"):
+        gracecomm.build("powersgd", "dgc")
+    with pytest.raises(IncompatibleError, match="memory 'dgc'"):
+        build_grace(compose_train("compressor=powersgd", "memory=dgc"))
+
+    class Unchecked(DGCMemory):  # the pairing as it ran before the check
+        def check(self, compressor):
+            pass
+
+    pipe = gracecomm.Grace(PowerSGD(), Unchecked(), gracecomm.create("communicator",
+                                                                      "allreduce"))
+    pipe.step(gaussian(8, 9), "w")
+    assert torch.count_nonzero(pipe.memory.u["w"]) == 72  # the momentum, kept
+    assert torch.count_nonzero(pipe.memory.v["w"]) == 0   # the error M - P Q^T: cleared
 
 
 def test_malformed_payloads_raise():

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from gracecomm.experiments.training import checkpoint
 from gracecomm.experiments.training.worker import train_worker
 from tests.helpers import compose_train, free_port, run_ranks
-from tests.reliability import long_run, workers_of
+from tests.reliability import long_run, train_cmd, wait_gone, workers_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,6 +124,32 @@ def test_dead_or_hung_peer_ends_the_run_with_an_error(tmp_path, fault):
     else:
         assert "worker rank 1 of 2 did not answer within the collective timeout" in err, \
             err[-2000:]
+
+
+# starts the command after it with SIGINT ignored, as a shell starts a background job
+IGNORING_SIGINT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, "
+                   "signal.SIG_IGN); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_launcher_alone_ends_its_workers(tmp_path, sig):
+    """SIGINT or SIGTERM to the launcher's process only (not its group, as `kill` sends
+    it): its workers are gone within 10 s and it says why, in the run log too; also where
+    it inherited SIGINT ignored (a shell's background job), where its workers used to
+    train on until killed."""
+    run = tmp_path / "run"
+    cmd = [*IGNORING_SIGINT, *train_cmd(run, "trainer.epochs=1000")[1:]]
+    with long_run(run, cmd=cmd) as proc:
+        workers = workers_of(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(proc.pid, sig)
+        took = wait_gone(workers, 10)
+        _, err = proc.communicate(timeout=60)
+    assert took <= 10, f"workers outlived {sig.name} to the launcher by {took:.1f} s"
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert f"interrupted ({sig.name}): the workers were stopped" in err, err[-2000:]
+    assert f"interrupted ({sig.name})" in (run / "train.log").read_text()
 
 
 def wait_forever_in_rank_1(rank, world_size):

@@ -57,6 +57,23 @@ def test_topk_run_logs_real_wire_bytes(tmp_path):
     assert step["dense_bytes"] == 4 * sum(sizes)
 
 
+@pytest.mark.slow
+def test_the_run_log_keeps_the_summary_and_the_refusal(tmp_path):
+    """Hydra's job log of the run directory, ``train.log``, holds what the run printed at
+    its end: the summary (rank 0's, written by the launcher), or the refusal."""
+    proc = train(tmp_path / "ok", "trainer.max_steps=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (tmp_path / "ok" / "run" / "train.log").read_text()
+    summary = proc.stdout[proc.stdout.index("== topk + residual memory"):].strip()
+    assert summary.splitlines()[-1].startswith("== compression bought")
+    assert summary in log and log.count("== compression bought") == 1
+    proc = train(tmp_path / "bad", "compressor.ratio=1.5", timeout=60)
+    assert proc.returncode == 1
+    refusal = proc.stderr.strip().splitlines()[-1]
+    assert "option 'ratio' must be in (0, 1]" in refusal
+    assert refusal in (tmp_path / "bad" / "run" / "train.log").read_text()
+
+
 def test_summary_says_what_compression_bought():
     """The last line: bytes against dense allreduce and the projected speedup on the slowest
     and fastest modelled networks; the measured speedup sets the mean step against the same

@@ -14,7 +14,10 @@ Every wait is bounded and every failure is named within seconds:
   is named as the hung one, and the Python stacks of every rank still running (hung, or
   past `spawn`'s own deadline) are shown, so the error says where it waited;
 - workers end with their launcher: they exit on SIGINT even while blocked in a collective,
-  and within a fraction of a second after the launcher dies (SIGTERM, SIGKILL);
+  and within a fraction of a second after the launcher dies (SIGKILL); SIGINT or SIGTERM
+  to the launcher alone (not to its process group) makes `spawn` stop its workers
+  (terminate, a short wait, kill) and raise KeyboardInterrupt naming the signal, also where
+  the launcher inherited SIGINT ignored (a background job of a shell);
 - process groups are created with a collective timeout, so a hung peer ends the run after
   that timeout instead of never.
 """
@@ -50,6 +53,8 @@ _SETTLE_S = 0.5  # after a failure: time for causally earlier reports to arrive
 _REPORT_CHARS = 20_000  # tail of a traceback sent to the launcher
 _STACK_WAIT_S = 2.0  # how long `spawn` waits for a running worker to write its stacks
 _STACK_SIGNAL = signal.SIGUSR1  # asks a local worker to write its stacks (faulthandler)
+_STOP_WAIT_S = 2.0  # after SIGTERM to the workers, before SIGKILL
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # that end `spawn` and its workers
 # Gloo raises plain RuntimeErrors; these say a peer went away or did not answer
 _COMM_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                  "Timed out", "/gloo/transport/")
@@ -322,9 +327,11 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
         # from its parent and cannot find loky's, so fall back to the standard one
         mp.set_start_method("spawn", force=True)
     ctx = mp.get_context("spawn")
-    store, procs, readers = host_store(world_size, collective_timeout_s), [], []
-    files, paths = zip(*(_stack_file() for _ in range(world_size)))
+    previous = _raise_on_stop_signals()
+    procs, readers, files = [], [], []
     try:
+        store = host_store(world_size, collective_timeout_s)
+        files, paths = zip(*(_stack_file() for _ in range(world_size)))
         for rank in range(world_size):
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_spawned, name=f"grace-rank{rank}", args=(
@@ -346,15 +353,49 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
             raise WorkerTimeoutError(f"{world_size} local workers did not finish within "
                                 f"{timeout_s:.0f} s; killed them" + _stacks(procs, list(files)))
     finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-            proc.join()
+        _stop([proc for proc in procs if proc.is_alive()])
         for reader in readers:
             reader.close()
         for fd in files:
             if fd >= 0:
                 os.close(fd)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _raise_on_stop_signals() -> dict[int, Any]:
+    """From the main thread: the first SIGINT or SIGTERM raises KeyboardInterrupt (its
+    argument the signal's name) and later ones are ignored, so that `spawn` stops its
+    workers however the launcher was signalled, and a second Ctrl-C cannot cut that short.
+    Returns the handlers to restore (none off the main thread, where Python cannot set
+    them)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    raised = False
+
+    def stop(signum: int, frame: Any) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
+    return previous
+
+
+def _stop(procs: list[Any]) -> None:
+    """End worker processes: SIGTERM, up to `_STOP_WAIT_S` for them to exit, then SIGKILL."""
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + _STOP_WAIT_S
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
 
 
 def _watch(procs: list[Any], readers: list[Connection],

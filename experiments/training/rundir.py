@@ -7,10 +7,15 @@ overwrite the first one's metrics and summary. So the default directories of
 differs between runs that exist at the same time, and a run holds a lock on its directory
 while it lives (`claim`), which also stops two runs given the same ``hydra.run.dir`` at once.
 Importing this module registers the ``run_token`` resolver.
+
+A run directory also holds Hydra's job log, ``train.log`` (``<hydra.job.name>.log``, from
+Hydra's default ``hydra/job_logging``): `to_log_file` writes to it what the user was shown
+(the summary, the refusal or failure that ended the run), not printed a second time.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +27,18 @@ from gracecomm.experiments.training.launch import launched_externally
 from gracecomm.validation import ConfigError
 
 TOKEN_VAR = "GRACECOMM_RUN_TOKEN"
+LOGGER = "gracecomm.experiments.training"  # the name the run log's lines carry
+
+
+def to_log_file(text: str, level: int = logging.INFO) -> None:
+    """Write `text`, already shown on the console, to the log files of this process's
+    logging (Hydra's job log of the run, ``train.log``), and not to its console. A spawned
+    worker has no log file (Hydra configured the launcher's logging), so there the launcher
+    writes the worker's summary; under torchrun rank 0 writes its own."""
+    record = logging.LogRecord(LOGGER, level, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and level >= handler.level:
+            handler.handle(record)
 
 
 def run_token() -> str:

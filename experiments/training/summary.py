@@ -105,6 +105,15 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def summary_lines(s: dict[str, Any], run_dir: str) -> list[str]:
+    """What rank 0 prints at the end of a run (and the run log keeps): the summary and, when
+    the run collapsed, why."""
+    lines = [format_summary(s, run_dir)]
+    if s.get("collapse"):
+        lines.append(f"!! {s['collapse']['message']}")
+    return lines
+
+
 def format_summary(s: dict[str, Any], run_dir: str) -> str:
     def row(label: str, text: str) -> str:
         return f"   {label:<22} {text}"

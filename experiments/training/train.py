@@ -8,7 +8,8 @@
 Without launcher variables the command spawns `trainer.world_size` local workers on
 127.0.0.1; under torchrun it joins the launcher's process group instead. Rank 0 writes
 ``metrics.jsonl`` and ``summary.json`` into the Hydra run directory and prints a summary
-(each rank runs `gracecomm.experiments.training.worker.train_worker`).
+(each rank runs `gracecomm.experiments.training.worker.train_worker`); the run directory's
+``train.log`` keeps the summary, or the refusal or failure that ended the run.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import signal
 import sys
@@ -47,7 +49,7 @@ from gracecomm.experiments.training.launch import (
     spawn,
 )
 from gracecomm.experiments.training.loggers import run_group, sweep_group
-from gracecomm.experiments.training.summary import objective, objective_names
+from gracecomm.experiments.training.summary import objective, objective_names, summary_lines
 from gracecomm.experiments.training.worker import backend_of, train_worker
 from gracecomm.validation import (
     ConfigError,
@@ -72,8 +74,10 @@ def one_line_errors(run: Callable[[DictConfig], Any]) -> Callable[[DictConfig], 
         except (ConfigError, MissingDependencyError) as err:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 raise
-            print(f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr,
-                  flush=True)
+            message = f"{type(err).__module__}.{type(err).__name__}: {err}"
+            print(message, file=sys.stderr, flush=True)
+            if os.environ.get("RANK", "0") == "0":  # once, also under torchrun
+                rundir.to_log_file(message, logging.ERROR)
             sys.exit(1)
 
     return checked
@@ -144,14 +148,19 @@ def train_job(cfg: DictConfig) -> float | tuple[float, ...]:
         # the workers are stopped: say why and exit at once (the interpreter's teardown
         # takes seconds, on a loaded machine sometimes a minute)
         interrupted = isinstance(err, KeyboardInterrupt)
-        print("interrupted (SIGINT): the workers were stopped" if interrupted else
-              f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr)
-        exit_now(128 + signal.SIGINT if interrupted else 1)
+        name = str(err.args[0]) if interrupted and err.args else "SIGINT"
+        message = (f"interrupted ({name}): the workers were stopped" if interrupted else
+                   f"{type(err).__module__}.{type(err).__name__}: {err}")
+        print(message, file=sys.stderr)
+        rundir.to_log_file(message, logging.ERROR)
+        exit_now(128 + getattr(signal, name, signal.SIGINT) if interrupted else 1)
     summary_path = os.path.join(run_dir, "summary.json")
     summary = {}
     if os.path.exists(summary_path):
         with open(summary_path, encoding="utf-8") as f:
             summary = json.load(f)
+        for line in summary_lines(summary, run_dir):  # rank 0 printed them
+            rundir.to_log_file(line)
     # a sweep goes on to its other runs
     if summary.get("collapse") and HydraConfig.get().mode != RunMode.MULTIRUN:
         raise CollapseError(summary["collapse"]["message"])

@@ -41,12 +41,13 @@ from gracecomm.experiments.training.resume import (
     resume_changes,
     run_settings,
 )
+from gracecomm.experiments.training.rundir import to_log_file
 from gracecomm.experiments.training.summary import (
     accumulate,
-    format_summary,
     measured_speedup,
     new_totals,
     summarize,
+    summary_lines,
     tensor_bytes,
 )
 from gracecomm.experiments.training.torch_hooks import AllreduceCounter, register_torch_hook
@@ -418,9 +419,9 @@ class Worker:
                                  "changed": {k: list(v) for k, v in self.changes.items()}}
         if self.logger is not None:
             self.logger.finish(summary)
-            print(format_summary(summary, self.run_dir), flush=True)
-            if summary["collapse"]:
-                print(f"!! {summary['collapse']['message']}", flush=True)
+            for line in summary_lines(summary, self.run_dir):
+                print(line, flush=True)
+                to_log_file(line)
 
 
 class TrainingClock:

@@ -59,9 +59,9 @@ def train(out: Path, name: str, grace, epochs: int = 2, resume: str | None = Non
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     options = {"model": model, "args": args, "train_dataset": Examples(),
                "optimizers": (optimizer, None)}
-    trainer = Trainer(**options) if grace is None else GraceTrainer(**options, grace=grace)
-    error, cannot_resume = None, None
-    try:
+    trainer, error, cannot_resume = None, None, None
+    try:  # GraceTrainer refuses what it can when constructed
+        trainer = Trainer(**options) if grace is None else GraceTrainer(**options, grace=grace)
         trainer.train(resume_from_checkpoint=resume)
     except gracecomm.ConfigError as err:
         error = f"{type(err).__name__}: {err}"
@@ -70,7 +70,8 @@ def train(out: Path, name: str, grace, epochs: int = 2, resume: str | None = Non
             raise
         cannot_resume = error = f"the Trainer cannot resume on CPU processes here: {err}"
     torch.save({"params": nn.utils.parameters_to_vector(model.parameters()).detach(),
-                "initial": initial, "error": error, "history": trainer.state.log_history,
+                "initial": initial, "error": error,
+                "history": trainer.state.log_history if trainer is not None else [],
                 "cannot_resume": cannot_resume},
                out / f"{name}.rank{args.process_index}.pt")
 
