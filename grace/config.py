@@ -279,9 +279,7 @@ def check_composed(cfg: Any, overrides: Sequence[str]) -> None:
     choices = OmegaConf.select(node, "hydra.runtime.choices")
     for group, choice in (_plain(choices, resolve=False) or {}).items():
         if isinstance(choice, str) and _leaves_tree(choice):
-            raise ConfigError(f"config group '{group}': choice {choice!r} leaves the config "
-                              "tree; a choice is the name of a file in its group's folder "
-                              "(on the search path), without '..' or a leading '/'")
+            raise _choice_leaves_tree(group, choice)
     env = OmegaConf.select(node, "hydra.job.env_set")
     for name in (_plain(env, resolve=False) or {}):
         if name not in JOB_ENVIRONMENT:
@@ -338,6 +336,12 @@ def _leaves_tree(config_path: str) -> bool:
     """Whether a config group choice or defaults entry names a file outside the config
     tree (a ``..`` part, or a leading ``/``)."""
     return config_path.startswith("/") or ".." in config_path.split("/")
+
+
+def _choice_leaves_tree(group: str, choice: str) -> ConfigError:
+    return ConfigError(f"config group '{group}': choice {choice!r} leaves the config tree; a "
+                       "choice is the name of a file in its group's folder (on the search "
+                       "path), without '..' or a leading '/'")
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -712,20 +716,29 @@ def explain_override_error(err: Exception, overrides: Sequence[str],
     """
     import re
 
-    from hydra.errors import MissingConfigException
+    from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf import DictConfig, OmegaConf
 
     from gracecomm.registry import did_you_mean
     text = str(err)
     if isinstance(err, MissingConfigException) and err.missing_cfg_file:
         group, _, choice = str(err.missing_cfg_file).rpartition("/")
+        for override in overrides:  # the choice as given: ``compressor=/elsewhere/file``
+            key, _, value = override.lstrip("+~").partition("=")
+            if str(err.missing_cfg_file) == f"{key}/{value}":
+                group, choice = key, value
+        if _leaves_tree(choice):
+            return _choice_leaves_tree(group, choice)
         options = sorted(err.options or [])
         if group and options:
-            return ConfigError(f"unknown {group.replace('/', '.')} {choice!r}."
+            return ConfigError(f"unknown {group} {choice!r}."
                                f"{did_you_mean(choice, options)} Available: "
                                f"{_listed(options)}")
-    found = re.match(r"Could not (?:override|delete|append to) '([^']+)'", text) or \
-        re.search(r"Key '([^']+)' not in|Could not find '([^']+)'", text)
+    if isinstance(err, OverrideParseException):
+        return ConfigError(f"cannot read the override {err.override!r}: "
+                           f"{' '.join(err.message.split())}")
+    found = re.match(r"Could not override '([^']+)'", text) or \
+        re.search(r"'([^']+)' does not exist", text)
     key = next((g for g in found.groups() if g), None) if found else None
     if key is not None:
         wrong = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key]
