@@ -141,7 +141,7 @@ def test_a_misspelt_command_line_ends_in_one_line(tmp_path, name, args, words):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "own", "foreign"), [
-    ("gracecomm-train", ["compressor: topk", "trainer:", "epochs:", "== Config groups",
+    ("gracecomm-train", ["compressor=topk", "ratio:", "epochs:", "== Config groups",
                          "model: cnn, lstm"], ["bandwidth_mbps"]),
     ("gracecomm-netbench", ["bandwidth_mbps: 100", "topology: loopback", "goal: step"],
      ["compressor: bf16", "== Config groups", "epochs:"]),
