@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from hydra.errors import CompactHydraException
+from hydra.errors import CompactHydraException, HydraException
 
 from gracecomm.validation import ConfigError, MissingDependencyError
 
@@ -215,7 +215,8 @@ def instantiate(cfg: Any, *, allow_any_target: bool = False, **kwargs: Any) -> A
         The instantiated object.
 
     Raises:
-        ConfigError: a ``_target_`` is not allowed (module docstring).
+        ConfigError: a ``_target_`` is not allowed (module docstring), or a registered part
+            is given an option its class does not take (`check_part_options`).
 
     Example:
         >>> instantiate({"_target_": "gracecomm.compressors.topk.TopK", "ratio": 0.01})
@@ -225,6 +226,7 @@ def instantiate(cfg: Any, *, allow_any_target: bool = False, **kwargs: Any) -> A
 
     if not allow_any_target:
         check_targets(cfg)
+    check_part_options(cfg)
     try:
         return hydra_instantiate(cfg, **kwargs)
     except InstantiationException as err:
@@ -277,9 +279,7 @@ def check_composed(cfg: Any, overrides: Sequence[str]) -> None:
     choices = OmegaConf.select(node, "hydra.runtime.choices")
     for group, choice in (_plain(choices, resolve=False) or {}).items():
         if isinstance(choice, str) and _leaves_tree(choice):
-            raise ConfigError(f"config group '{group}': choice {choice!r} leaves the config "
-                              "tree; a choice is the name of a file in its group's folder "
-                              "(on the search path), without '..' or a leading '/'")
+            raise _choice_leaves_tree(group, choice)
     env = OmegaConf.select(node, "hydra.job.env_set")
     for name in (_plain(env, resolve=False) or {}):
         if name not in JOB_ENVIRONMENT:
@@ -336,6 +336,12 @@ def _leaves_tree(config_path: str) -> bool:
     """Whether a config group choice or defaults entry names a file outside the config
     tree (a ``..`` part, or a leading ``/``)."""
     return config_path.startswith("/") or ".." in config_path.split("/")
+
+
+def _choice_leaves_tree(group: str, choice: str) -> ConfigError:
+    return ConfigError(f"config group '{group}': choice {choice!r} leaves the config tree; a "
+                       "choice is the name of a file in its group's folder (on the search "
+                       "path), without '..' or a leading '/'")
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -583,10 +589,17 @@ def guard_composition(*, exit_on_refusal: bool = False) -> Iterator[None]:
 
     def load_configuration(self: Any, config_name: Any, overrides: list[str], *args: Any,
                            **kwargs: Any) -> Any:
-        try:
+        def compose(given: list[str]) -> Any:
             with _defaults_in_tree():
-                cfg = original(self, config_name, overrides, *args, **kwargs)
+                return original(self, config_name, given, *args, **kwargs)
+
+        try:
+            try:
+                cfg = compose(overrides)
+            except HydraException as err:
+                raise explain_override_error(err, overrides, compose) from None
             check_composed(cfg, overrides)
+            check_part_options(cfg)
         except ConfigError as err:
             if exit_on_refusal:
                 print(f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr,
@@ -625,3 +638,139 @@ def _defaults_in_tree() -> Iterator[None]:
         yield
     finally:
         ConfigLoaderImpl._load_single_config = original  # type: ignore[method-assign]
+
+
+# -- misspelt command lines -----------------------------------------------------------------
+
+HYDRA_KEYS = frozenset({"_target_", "_args_", "_recursive_", "_convert_", "_partial_"})
+
+
+def _registered_parts() -> dict[str, tuple[str, str, type]]:
+    """Dotted name -> (kind, registry name, class) of every registered part."""
+    from gracecomm.registry import REGISTRIES, available, get
+    for kind in ("compressor", "memory", "communicator"):
+        available(kind)  # loads the built-in families (and the codec registries they add)
+    return {dotted: (kind, name, get(kind, name)) for kind in sorted(REGISTRIES)
+            for name in available(kind) for dotted in names_of(get(kind, name))}
+
+
+def check_part_options(cfg: Any) -> None:
+    """Raise `ConfigError` if a node of `cfg` (outside ``hydra``) that instantiates a
+    registered part gives an option its class's constructor does not take
+    (``+compressor.ratoi=0.1``), with `gracecomm.build`'s message
+    (`gracecomm.registry.check_options`: the option, the close name, the class's options).
+    A required option may be missing: it may be given when the node is instantiated."""
+    import inspect
+
+    from gracecomm.registry import check_options, options_of
+    plain = _plain(cfg, resolve=False)
+    if isinstance(plain, Mapping):
+        plain = {key: value for key, value in plain.items() if key != "hydra"}
+    parts: dict[str, tuple[str, str, type]] | None = None
+    for node in _mappings(plain):
+        target = node.get("_target_")
+        if not isinstance(target, str):
+            continue
+        parts = _registered_parts() if parts is None else parts
+        if target not in parts:
+            continue
+        kind, name, cls = parts[target]
+        required = {option: None for option, param in (options_of(cls) or {}).items()
+                    if param.default is inspect.Parameter.empty}
+        given = {key: value for key, value in node.items() if key not in HYDRA_KEYS}
+        check_options(cls, {**required, **given}, f"{kind} '{name}'")
+
+
+def _mappings(node: Any) -> Iterator[Mapping[str, Any]]:
+    """Every mapping in `node`, at any depth, `node` included."""
+    if isinstance(node, Mapping):
+        yield node
+        for value in node.values():
+            yield from _mappings(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            yield from _mappings(value)
+
+
+def _listed(names: Iterable[str], limit: int = 30) -> str:
+    names = list(names)
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def explain_override_error(err: Exception, overrides: Sequence[str],
+                           compose: Callable[[list[str]], Any]) -> ConfigError:
+    """The one-line `ConfigError` for a command line Hydra could not compose (`err`): an
+    unknown option (``compressor.ratoi=0.1``: the option, the close name and the options of
+    its node, learnt by composing without it), an unknown config group choice
+    (``compressor=topkk``: the close choice and the group's choices, ConfigStore-generated
+    ones included), or Hydra's own message on one line.
+
+    Args:
+        err: What Hydra raised.
+        overrides: The command line's overrides.
+        compose: Composes the config with a list of overrides (the same config and mode).
+
+    Returns:
+        The error to raise.
+    """
+    import re
+
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf import DictConfig, OmegaConf
+
+    from gracecomm.registry import did_you_mean
+    text = str(err)
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file:
+        group, _, choice = str(err.missing_cfg_file).rpartition("/")
+        for override in overrides:  # the choice as given: ``compressor=/elsewhere/file``
+            key, _, value = override.lstrip("+~").partition("=")
+            if str(err.missing_cfg_file) == f"{key}/{value}":
+                group, choice = key, value
+        if _leaves_tree(choice):
+            return _choice_leaves_tree(group, choice)
+        options = sorted(err.options or [])
+        if group and options:
+            return ConfigError(f"unknown {group} {choice!r}."
+                               f"{did_you_mean(choice, options)} Available: "
+                               f"{_listed(options)}")
+    if isinstance(err, OverrideParseException):
+        return ConfigError(f"cannot read the override {err.override!r}: "
+                           f"{' '.join(err.message.split())}")
+    found = re.match(r"Could not override '([^']+)'", text) or \
+        re.search(r"'([^']+)' does not exist", text)
+    key = next((g for g in found.groups() if g), None) if found else None
+    if key is not None:
+        wrong = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key]
+        try:
+            cfg = compose([o for o in overrides if o not in wrong])
+        except HydraException as other:  # another misspelling: name that one
+            return explain_override_error(other, [o for o in overrides if o not in wrong],
+                                          compose)
+        except ConfigError as other:
+            return other
+        node: Any = cfg
+        parts = key.split(".")
+        for depth, part in enumerate(parts):
+            if not isinstance(node, DictConfig):
+                break
+            names = [str(k) for k in node.keys() if k != "hydra" and str(k) not in HYDRA_KEYS]
+            if part in node:
+                node = node._get_node(part)
+                continue
+            where = ".".join(parts[:depth])
+            unknown = ".".join(parts[:depth + 1])
+            hint = did_you_mean(part, names)
+            if hint and where:
+                hint = hint.replace("'", f"'{where}.", 1)
+            owner = f"Options of {where}" if where else "Options"
+            if not where:
+                groups = OmegaConf.select(cfg, "hydra.runtime.choices") or {}
+                names += [g for g in groups if "/" not in str(g) and
+                          not str(g).startswith("hydra") and g not in names]
+                hint = did_you_mean(part, names)
+            return ConfigError(f"unknown option {unknown!r}.{hint} {owner}: "
+                               f"{_listed(names)}")
+    first = " ".join(text.replace("Set the environment variable HYDRA_FULL_ERROR=1 for a "
+                                  "complete stack trace.", "").split())
+    return ConfigError(first or type(err).__name__)
