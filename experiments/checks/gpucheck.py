@@ -75,7 +75,7 @@ from gracecomm.experiments.checks.gpucheck_report import Record, markdown, summa
 from gracecomm.experiments.checks.hostwatch import SYNC_KINDS, HostWatch
 from gracecomm.experiments.training import rundir  # noqa: F401 - registers ${run_token:}
 from gracecomm.state import Stateful
-from gracecomm.validation import ConfigError, check_choice, num_kept
+from gracecomm.validation import ConfigError, check_choice, check_range, check_ratio, num_kept
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 NO_DEVICE = 2  # exit status: the device asked for is missing
@@ -108,17 +108,24 @@ def entries(cfg: DictConfig) -> list[Entry]:
         for codec in gracecomm.available(f"{kind}_codec"):
             found.append(Entry(f"deepreduce[{kind}={codec}]",
                                ("compressor=deepreduce", f"compressor/{kind}={codec}")))
-    for name, options in (cfg.get("variants") or {}).items():
-        settings = [f"{key}={value}" for key, value in options.items()]
-        found.append(Entry(f"{name}[{','.join(settings)}]",
-                           (f"compressor={name}", *short_schedule(cfg, str(name)),
-                            *(f"compressor.{s}" for s in settings))))
+    found += variants(cfg)
     if cfg.get("methods") is None:
         return found
     by_label = {e.label: e for e in found}
     for label in cfg.methods:
         check_choice(str(label), list(by_label), "gpucheck", "methods")
     return [by_label[str(label)] for label in cfg.methods]
+
+
+def variants(cfg: DictConfig) -> list[Entry]:
+    """The `variants` of `cfg`, labelled ``natural[rng=torch]``."""
+    found = []
+    for name, options in (cfg.get("variants") or {}).items():
+        settings = [f"{key}={value}" for key, value in (options or {}).items()]
+        found.append(Entry(f"{name}[{','.join(settings)}]",
+                           (f"compressor={name}", *short_schedule(cfg, str(name)),
+                            *(f"compressor.{s}" for s in settings))))
+    return found
 
 
 @functools.cache
@@ -417,15 +424,21 @@ def time_method(entry: Entry, device: torch.device, numel: int, cfg: DictConfig)
     return rec
 
 
-def resolve_device(name: str) -> torch.device:
-    """The device of option `device`; exits with `NO_DEVICE` and a message when CUDA is
-    asked for and missing."""
+def parse_device(name: str) -> torch.device:
+    """The device option `device` names (cuda, cuda:N or cpu), present or not."""
     try:
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"gpucheck: option 'device' must be cuda, cuda:N or cpu; got "
                           f"{name!r}") from None
     check_choice(device.type, ("cuda", "cpu"), "gpucheck", "device")
+    return device
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device of option `device`; exits with `NO_DEVICE` and a message when CUDA is
+    asked for and missing."""
+    device = parse_device(name)
     if device.type == "cuda":
         why = None
         if not torch.cuda.is_available():
@@ -517,6 +530,76 @@ def ddp_check(cfg: DictConfig, device: torch.device, out_dir: Path) -> Record:
             "ok": all(r["ok"] for r in runs.values())}
 
 
+def check_keys(node: DictConfig, known: DictConfig, where: str) -> None:
+    """Every key of `node` must be one of `known` (configs/gpucheck.yaml's), nested sections
+    alike; `ConfigError` naming the first unknown one and the options there."""
+    for key in node:
+        if key not in known:
+            options = ", ".join(where + str(k) for k in known)
+            raise ConfigError(f"gpucheck: unknown option '{where}{key}'."
+                              f"{registry.did_you_mean(key, map(str, known))} The options "
+                              f"are {options}")
+        if isinstance(known[key], DictConfig) and key not in ("variants", "short_schedule"):
+            if not isinstance(node[key], DictConfig):
+                raise ConfigError(f"gpucheck: option '{where}{key}' is a section of options "
+                                  f"({', '.join(map(str, known[key]))}); got {node[key]!r}")
+            check_keys(node[key], known[key], f"{where}{key}.")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Refuse, before any check runs, an option configs/gpucheck.yaml does not have or a
+    value outside what it allows (`ConfigError` naming the option and what is allowed):
+    counts and sizes of at least one, the ratio in (0, 1], tolerances and budgets not
+    negative, a device name, registered compressors (and their options in `variants` and
+    `short_schedule`), and `methods` null or labels of `entries`."""
+    known = OmegaConf.load(CONFIG_DIR / "gpucheck.yaml")
+    del known["hydra"]  # Hydra's own, not in the job's config
+    check_keys(cfg, known, "")
+    parse_device(str(cfg.device))
+    for option in ("check_numel", "calls", "pipeline_steps", "repeats", "threads"):
+        check_range(cfg[option], "gpucheck", option, 1, integer=True)
+    check_range(cfg.warmup, "gpucheck", "warmup", 0, integer=True)
+    check_range(cfg.seed, "gpucheck", "seed", 0, integer=True)
+    check_ratio(cfg.ratio, "gpucheck")
+    check_range(cfg.slow_call_s, "gpucheck", "slow_call_s", 0.0, low_open=True)
+    check_range(cfg.budget_s, "gpucheck", "budget_s", 0.0)
+    for i, size in enumerate(cfg.sizes):
+        check_range(size, "gpucheck", f"sizes[{i}]", 1, integer=True)
+    tol = cfg.tolerance
+    check_range(tol.close_fraction, "gpucheck", "tolerance.close_fraction", 0.0, 1.0)
+    check_range(tol.close_relative, "gpucheck", "tolerance.close_relative", 0.0)
+    check_range(tol.statistics, "gpucheck", "tolerance.statistics", 0.0)
+    names = gracecomm.available("compressor")
+    every_option = {str(k) for name in names
+                    for k in registry.options_of(registry.get("compressor", name)) or {}}
+    for key in cfg.short_schedule or {}:
+        check_choice(str(key), sorted(every_option), "gpucheck", "short_schedule")
+    for name, options in (cfg.variants or {}).items():
+        check_choice(str(name), names, "gpucheck", "variants")
+        allowed = registry.options_of(registry.get("compressor", str(name))) or {}
+        for key in options or {}:
+            if key not in allowed:
+                raise ConfigError(f"gpucheck: option 'variants.{name}.{key}' is not an option "
+                                  f"of compressor '{name}'.{registry.did_you_mean(key, allowed)}"
+                                  f" Its options: {', '.join(allowed)}")
+    if cfg.methods is not None and not len(cfg.methods):
+        raise ConfigError("gpucheck: option 'methods' is empty, which checks nothing; give "
+                          "null (every method) or a list of labels, e.g. methods=[topk]")
+    entries(cfg)  # `methods` are labels
+    for entry in variants(cfg):
+        try:
+            build(entry)
+        except Exception as err:  # noqa: BLE001 - any refusal of the options
+            raise ConfigError(f"gpucheck: option 'variants': {entry.label} cannot be built: "
+                              f"{str(err).splitlines()[0]}") from None
+    d = cfg.ddp
+    for method in d.methods:
+        check_choice(str(method), names, "gpucheck", "ddp.methods")
+    check_range(d.steps, "gpucheck", "ddp.steps", 1, integer=True)
+    check_range(d.world_size, "gpucheck", "ddp.world_size", 1, integer=True)
+    check_range(d.timeout_s, "gpucheck", "ddp.timeout_s", 0.0, low_open=True)
+
+
 def run_checks(cfg: DictConfig, out_dir: Path, log: Callable[[str], None] = print) -> Record:
     """Every check of the module docstring, in order of importance: agreement and placement
     of every method, the DDP runs, then the timings while `cfg.budget_s` seconds have not
@@ -567,6 +650,11 @@ def gpucheck_job(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     overrides = list(HydraConfig.get().overrides.task)
     command = " ".join(["gracecomm-gpucheck", *overrides])
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        print(f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
     report = run_checks(cfg, out_dir)
     report["command"] = command
     (out_dir / "gpucheck.json").write_text(json.dumps(report, indent=1, default=str))
