@@ -43,6 +43,12 @@ def test_plan_puts_the_baseline_first_and_sync_variants_after_their_method():
     ({"rounds": 0}, "rounds"),
     ({"bandwidth_mbps": 0}, "bandwidth_mbps"),
     ({"world_size": 1}, "world_size"),
+    ({"topology": "cluster", "world_size": 0}, r"'world_size' must be an integer in \[2, inf\)"),
+    ({"topology": "cluster", "world_size": 1}, r"'world_size' must be an integer in \[2, inf\)"),
+    ({"topology": "cluster", "world_size": 65}, "this machine holds at most"),
+    ({"bandwidth_mbps": float("inf")}, r"'bandwidth_mbps' must be a number in \(0.0, inf\)"),
+    ({"topology": "cluster", "bandwidth_mbps": float("inf")}, "'bandwidth_mbps'"),
+    ({"latency_ms": float("inf")}, "'latency_ms'"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ConfigError, match=message):
@@ -85,6 +91,17 @@ def test_a_shaped_run_prints_its_json_and_removes_its_namespace(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name[0] != ".") == [
         "alone", "ddp.0", "ddp.1", "topk.0", "topk.1"]  # the methods ran in turn, twice
     assert namespaces() == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", ["world_size=0", "bandwidth_mbps=inf"])
+def test_a_bad_cluster_option_is_one_line_before_any_run(tmp_path, option):
+    """Refused before the compute run or any namespace: one line naming the option."""
+    proc = netbench("topology=cluster", option, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"'{option.split('=')[0]}' must be" in lines[0], lines
+    assert not (tmp_path / "alone").exists()
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import re
 import shutil
@@ -93,8 +94,9 @@ class Link:
     loss_pct: float = 0.0
 
     def __post_init__(self) -> None:
-        check_range(self.bandwidth_mbps, "cluster", "bandwidth_mbps", 0.0, low_open=True)
-        check_range(self.latency_ms, "cluster", "latency_ms", 0.0)
+        check_range(self.bandwidth_mbps, "cluster", "bandwidth_mbps", 0.0, math.inf,
+                    low_open=True, high_open=True)  # tc shapes a finite rate
+        check_range(self.latency_ms, "cluster", "latency_ms", 0.0, math.inf, high_open=True)
         check_range(self.jitter_ms, "cluster", "jitter_ms", 0.0)
         check_range(self.loss_pct, "cluster", "loss_pct", 0.0, 100.0, high_open=True)
         if self.jitter_ms > self.latency_ms:

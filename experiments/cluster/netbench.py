@@ -131,8 +131,9 @@ def check_options(cfg: DictConfig) -> None:
     """Every option's value, before any namespace is made."""
     check_choice(cfg.topology, TOPOLOGIES, "netbench", "topology")
     check_choice(cfg.goal, GOALS, "netbench", "goal")
-    check_range(cfg.bandwidth_mbps, "netbench", "bandwidth_mbps", 0.0, low_open=True)
-    check_range(cfg.latency_ms, "netbench", "latency_ms", 0.0)
+    check_range(cfg.bandwidth_mbps, "netbench", "bandwidth_mbps", 0.0, math.inf,
+                low_open=True, high_open=True)  # tc shapes a finite rate
+    check_range(cfg.latency_ms, "netbench", "latency_ms", 0.0, math.inf, high_open=True)
     check_range(cfg.steps, "netbench", "steps", 1, integer=True)
     check_range(cfg.warmup_steps, "netbench", "warmup_steps", 0, integer=True)
     check_range(cfg.rounds, "netbench", "rounds", 1, integer=True)
