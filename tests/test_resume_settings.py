@@ -155,6 +155,45 @@ def test_a_manifest_that_is_not_one_is_a_clear_error(tmp_path, text):
         checkpoint.manifest(tmp_path, 1)
 
 
+class Evil:
+    """Unpickling it would run a command (a crafted checkpoint)."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+@pytest.mark.parametrize("content", ["pickle", "torch", "list", "garbage"])
+def test_a_crafted_or_foreign_rank_file_is_refused_naming_it(folder, content):
+    """A rank file that the manifest vouches for (size and hash) but that holds a crafted
+    pickle, or is no checkpoint, is refused with the library's message naming the file
+    (before the fix: torch's "Please file an issue" text)."""
+    import hashlib
+    import io
+    import pickle
+    path = folder / "rank0-step10.pt"
+    buffer = io.BytesIO()
+    if content == "pickle":
+        buffer.write(pickle.dumps({"version": 3, "x": Evil()}))
+    elif content == "torch":
+        torch.save({"version": 3, "x": Evil()}, buffer)
+    elif content == "list":
+        torch.save([1, 2], buffer)
+    else:
+        buffer.write(b"garbage")
+    data = buffer.getvalue()
+    path.write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["ranks"][0].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError) as info:
+        checkpoint.load(folder, 0, 1, manifest["fingerprint"])
+    message = str(info.value)
+    assert message.startswith(f"checkpoint {path} "), message
+    assert "Please file an issue" not in message and "\n" not in message, message
+    if content in ("pickle", "torch"):
+        assert "tensors and plain Python values" in message, message
+
+
 # -- failed writes, shared directories -----------------------------------------------------
 
 def test_a_full_disk_leaves_no_file_behind(folder, monkeypatch):
