@@ -95,6 +95,27 @@ def test_only_data_settings_may_be_allowed_to_change(saved):
     assert "'compressor', which cannot change on resume" in message
 
 
+@pytest.mark.parametrize("overrides", [
+    ("trainer.batch_size=16", "trainer.resume_changes=[batch_size]"),  # docs/checkpoints.md
+    ("trainer.batch_size=16", "trainer.resume_changes=[trainer.batch_size]"),
+    ("seed=1", "trainer.resume_changes=[seed]"),  # data.seed is ${seed}: it follows
+    ("seed=1", "data.test_fraction=0.5", "trainer.resume_changes=[seed,data]"),
+    ("trainer.lr=0.01", "trainer.resume_changes=[trainer.lr]"),  # applied, listed or not
+    ("trainer.momentum=0.5", "trainer.resume_changes=[momentum]"),
+])
+def test_the_documented_forms_of_resume_changes_resume(saved, overrides):
+    """The forms docs/checkpoints.md and configs/trainer/default.yaml give (before the fix
+    ``[batch_size]`` and ``[trainer.lr]`` were refused, and ``[seed]`` always failed on
+    data.seed)."""
+    validate(compose_config(*BASE, f"trainer.resume={saved}", "trainer.max_steps=12",
+                            *overrides))
+
+
+def test_listing_the_seed_does_not_allow_a_data_seed_of_its_own(saved):
+    message = refused(saved, "seed=1", "data.seed=5", "trainer.resume_changes=[seed]")
+    assert "data.seed is 5 here but 0" in message and "seed is 1" not in message, message
+
+
 def test_an_allowed_data_change_continues_at_the_next_epoch(folder, tmp_path):
     cfg = compose_config(*BASE, f"trainer.resume={folder}", "trainer.batch_size=16",
                          "trainer.resume_changes=[trainer.batch_size]", "trainer.max_steps=12")
