@@ -223,10 +223,10 @@ def signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _die_with_launcher() -> None:
-    """In a node's process, before exec: SIGKILL when the launcher dies (PR_SET_PDEATHSIG),
-    so that a launcher killed with SIGKILL takes its torchrun agents (and they their ranks)
-    with it."""
+def die_with_launcher() -> None:
+    """In a child process (a node's, netbench's compute run), before exec: SIGKILL when the
+    launcher dies (PR_SET_PDEATHSIG), so that a launcher killed with SIGKILL or SIGTERM
+    takes its torchrun agents (and they their ranks, which follow their agent) with it."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
@@ -343,7 +343,7 @@ class EmulatedCluster:
                     self.node_command(node, args, log_dir), stdout=log,
                     stderr=subprocess.STDOUT,
                     env=self.environment(), start_new_session=True,
-                    preexec_fn=_die_with_launcher))
+                    preexec_fn=die_with_launcher))
             failed = self._wait(procs, timeout_s)
         finally:
             self._stop(procs)

@@ -68,6 +68,7 @@ from gracecomm.experiments.cluster.emulation import (
     ClusterError,
     Link,
     check_size,
+    die_with_launcher,
     sigterm_as_exit,
 )
 from gracecomm.experiments.cluster.topologies import (
@@ -211,7 +212,7 @@ def reference_accuracy(cfg: DictConfig, runs: list[tuple[str, list[str]]], ranks
     args = train_args([*overrides, *accuracy_overrides(cfg, None),
                        f"trainer.world_size={ranks}"], run_dir, float(cfg.timeout_s))
     done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          timeout=float(cfg.timeout_s) + 60)
+                          timeout=float(cfg.timeout_s) + 60, preexec_fn=die_with_launcher)
     if done.returncode:
         raise NetbenchError(f"the reference run of {name} failed:\n{done.stdout[-2000:]}"
                             f"{done.stderr[-2000:]}")
@@ -235,7 +236,7 @@ def compute_alone(cfg: DictConfig, out_dir: Path) -> float:
                       run_dir, float(cfg.timeout_s))
     done = subprocess.run([*torchrun_standalone(1, run_dir / "torchelastic"), *args],
                           capture_output=True, text=True,
-                          timeout=float(cfg.timeout_s) + 60,
+                          timeout=float(cfg.timeout_s) + 60, preexec_fn=die_with_launcher,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode:
         raise NetbenchError(f"the single-rank compute run failed:\n{done.stdout[-2000:]}"
