@@ -61,7 +61,7 @@ import hydra
 import torch
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import gracecomm
 from gracecomm import communicators, compressors, memories, registry
@@ -556,6 +556,11 @@ def validate(cfg: DictConfig) -> None:
     del known["hydra"]  # Hydra's own, not in the job's config
     check_keys(cfg, known, "")
     parse_device(str(cfg.device))
+    for option in ("methods", "sizes", "ddp.methods"):
+        value = OmegaConf.select(cfg, option)
+        if not isinstance(value, ListConfig) and not (option == "methods" and value is None):
+            raise ConfigError(f"gpucheck: option '{option}' must be a list ({option}=[...]); "
+                              f"got {value!r}")
     for option in ("check_numel", "calls", "pipeline_steps", "repeats", "threads"):
         check_range(cfg[option], "gpucheck", option, 1, integer=True)
     check_range(cfg.warmup, "gpucheck", "warmup", 0, integer=True)
