@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gracecomm.ddp import GradientExchange, check_optimizer, register_comm_hook
 from gracecomm.pipeline import Grace, Spec, build
+from gracecomm.state import load_state
 from gracecomm.validation import ConfigError
 
 STATE_FILE = "gracecomm.pt"  # the compression state in a framework's checkpoint folder
@@ -122,15 +123,22 @@ def _to(state: Any, device: torch.device) -> Any:
     return state
 
 
+def parts_of(grace: Grace) -> str:
+    """The pipeline's parts, as a state file records them and messages name them."""
+    return ", ".join(part.label for part in (grace.compressor, grace.memory, grace.communicator))
+
+
 def gather_state(grace: Grace) -> dict[str, Any] | None:
     """Every rank's ``grace.state_dict()`` on rank 0 (None elsewhere), each as the bytes of
-    `torch.save` in a uint8 tensor. A collective: every rank calls it at the same point."""
+    `torch.save` in a uint8 tensor, with the pipeline's parts (`parts_of`). A collective:
+    every rank calls it at the same point."""
     buffer = io.BytesIO()
     torch.save(_to(grace.state_dict(), torch.device("cpu")), buffer)
     data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
     rank, world = _world()
     if world == 1:
-        return {"format": STATE_FORMAT, "world_size": 1, "ranks": [data]}
+        return {"format": STATE_FORMAT, "world_size": 1, "parts": parts_of(grace),
+                "ranks": [data]}
     device = _bytes_device()
     size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
     sizes = [torch.zeros_like(size) for _ in range(world)]
@@ -142,15 +150,16 @@ def gather_state(grace: Grace) -> dict[str, Any] | None:
     dist.gather(padded, out, dst=0)
     if out is None:
         return None
-    return {"format": STATE_FORMAT, "world_size": world,
+    return {"format": STATE_FORMAT, "world_size": world, "parts": parts_of(grace),
             "ranks": [o[:int(s)].cpu() for o, s in zip(out, sizes)]}
 
 
-def restore_state(grace: Grace, saved: Mapping[str, Any] | None, device: torch.device,
-                  source: str) -> None:
+def restore_state(grace: Grace, saved: Any, device: torch.device, source: str) -> None:
     """Load this rank's entry of `gather_state`'s output into `grace` (tensors on `device`).
     A checkpoint without one (written before compression was attached) leaves the state as
-    it is, with a warning; one of another world size is refused."""
+    it is, with a warning. One of another world size or of other parts (another method), or
+    malformed in any way, is refused with `ConfigError` naming `source` and what is wrong;
+    the pipeline's state is then as it was."""
     rank, world = _world()
     if saved is None:
         if rank == 0:
@@ -158,16 +167,39 @@ def restore_state(grace: Grace, saved: Mapping[str, Any] | None, device: torch.d
                           "starts afresh (empty residuals and counters)", UserWarning,
                           stacklevel=3)
         return
-    if saved.get("format") != STATE_FORMAT or "ranks" not in saved:
-        raise ConfigError(f"{source}: its gracecomm state is not of format {STATE_FORMAT}")
-    if saved["world_size"] != world:
-        raise ConfigError(f"{source} holds the compression state of {saved['world_size']} "
+    form = (f"a dict of 'format' {STATE_FORMAT}, 'world_size' (the number of ranks), 'parts' "
+            "and 'ranks' (one uint8 tensor per rank), as gracecomm writes it")
+    if not isinstance(saved, Mapping) or saved.get("format") != STATE_FORMAT:
+        raise ConfigError(f"{source}: its gracecomm state is not of format {STATE_FORMAT} "
+                          f"(it must be {form})")
+    size, ranks, parts = saved.get("world_size"), saved.get("ranks"), saved.get("parts")
+    if type(size) is not int or size < 1:
+        raise ConfigError(f"{source}: its gracecomm state's 'world_size' is {size!r}; it must "
+                          f"be a positive integer (the state must be {form})")
+    if size != world:
+        raise ConfigError(f"{source} holds the compression state of {size} "
                           f"ranks, this run has {world}: every rank's residuals are its "
                           "own, so resume with the same number of processes")
-    data = saved["ranks"][rank]
-    state = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location="cpu",
-                       weights_only=True)
-    grace.load_state_dict(_to(state, device))
+    if not isinstance(ranks, (list, tuple)) or len(ranks) != size or not all(
+            isinstance(r, torch.Tensor) and r.dtype == torch.uint8 and r.dim() == 1
+            for r in ranks):
+        raise ConfigError(f"{source}: its gracecomm state's 'ranks' must be {size} uint8 "
+                          f"tensor(s) of one dimension, one per rank (the state must be {form})")
+    if parts is not None and parts != parts_of(grace):
+        raise ConfigError(f"{source} holds the compression state of {parts}, but this run "
+                          f"compresses with {parts_of(grace)}: resume with the method that "
+                          "wrote it, or start without its checkpoint")
+    what = f"{source}: rank {rank}'s gracecomm state"
+    state = load_state(io.BytesIO(ranks[rank].cpu().numpy().tobytes()), what)
+    if not isinstance(state, dict):
+        raise ConfigError(f"{what} is a {type(state).__name__}, not a state dict")
+    before = grace.state_dict()
+    try:
+        grace.load_state_dict(_to(state, device))
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RuntimeError) as err:
+        grace.load_state_dict(before)
+        raise ConfigError(f"{what} does not fit this pipeline ({parts_of(grace)}): "
+                          f"{type(err).__name__}: {err}") from None
 
 
 def save_state_file(grace: Grace, folder: str | os.PathLike[str]) -> None:
@@ -186,5 +218,6 @@ def load_state_file(grace: Grace, folder: str | os.PathLike[str],
                     device: torch.device) -> None:
     """`restore_state` from ``folder/gracecomm.pt`` (every rank reads the file)."""
     path = Path(folder) / STATE_FILE
-    saved = torch.load(path, map_location="cpu", weights_only=True) if path.exists() else None
-    restore_state(grace, saved, device, f"checkpoint {folder}")
+    source = f"compression state file {path}"
+    saved = load_state(path, source) if path.exists() else None
+    restore_state(grace, saved, device, source if saved is not None else f"checkpoint {folder}")

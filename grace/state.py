@@ -16,8 +16,14 @@ child) overrides the two methods and calls ``super()``.
 from __future__ import annotations
 
 import functools
+import io
+import os
+import pickle
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
+
+from gracecomm.validation import ConfigError
 
 T = TypeVar("T")
 
@@ -124,3 +130,41 @@ def _copy(value: Any) -> Any:
     if isinstance(value, list):
         return list(value)
     return value
+
+
+# torch's own lines around the reason a file was refused (they ask the user to file an issue)
+_TORCH_PREAMBLE = ("Weights only load failed", "Please file an issue", "Check the documentation",
+                   "In PyTorch 2.6", "Re-running")
+
+
+def load_state(source: str | os.PathLike[str] | io.BytesIO, what: str) -> Any:
+    """Read a saved state (``torch.load(..., weights_only=True)``): only tensors and plain
+    Python values, so that a file cannot run code.
+
+    Args:
+        source: The file, or its bytes.
+        what: How messages name it (``checkpoint runs/x/rank0-step4.pt``).
+
+    Returns:
+        What the file holds.
+
+    Raises:
+        ConfigError: Naming `what` and why: a pickled object that is not a tensor or a plain
+            value (refused), or bytes that are not a torch file (truncated, another format).
+    """
+    import torch
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's note on the pickle protocol
+            return torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        reason = " ".join(line.strip() for line in str(err).splitlines()
+                          if line.strip() and not line.startswith(_TORCH_PREAMBLE))
+        reason = reason.replace("WeightsUnpickler error: ", "").strip() or "unreadable"
+        raise ConfigError(f"{what} is refused: it holds something other than tensors and plain "
+                          f"Python values ({reason}); a state file may hold only those, so "
+                          "that reading it cannot run code") from None
+    except (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError) as err:
+        first = (str(err).splitlines() or [""])[0][:200] or type(err).__name__
+        raise ConfigError(f"{what} is not a readable torch file ({first}); it must be a "
+                          "file that torch.save wrote, whole") from None

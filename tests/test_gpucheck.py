@@ -3,6 +3,7 @@ host round trips its emulation finds, and the device code paths it keeps on the 
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,65 @@ def test_device_option_is_checked():
         gpucheck.resolve_device("gpu")
     with pytest.raises(ConfigError, match="'device' must be one of"):
         gpucheck.resolve_device("meta")
+
+
+def job_config(*dotlist):
+    """configs/gpucheck.yaml as the job sees it (no ``hydra`` node), with `dotlist` merged."""
+    cfg = OmegaConf.load(CONFIG)
+    del cfg["hydra"]
+    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(dotlist)))
+
+
+def test_the_shipped_config_is_valid():
+    gpucheck.validate(job_config())
+    gpucheck.validate(job_config("device=cpu", "sizes=[65536]", "ddp.methods=[none]",
+                                 "methods=[topk,sidco]", "budget_s=0"))
+
+
+@pytest.mark.parametrize("override, option", [
+    ("sizez=[1]", "unknown option 'sizez'. Did you mean 'sizes'"),
+    ("tolerance.close=1", "unknown option 'tolerance.close'"),
+    ("ddp.stepz=1", "unknown option 'ddp.stepz'"),
+    ("tolerance=3", "'tolerance' is a section"),
+    ("variants.topk.nonsense=3", "'variants.topk.nonsense' is not an option of compressor"),
+    ("variants.topkk.ratio=0.1", "'variants' must be one of"),
+    ("variants.topk.ratio=2", "'variants': topk[ratio=2] cannot be built"),
+    ("short_schedule.nonsense=1", "'short_schedule' must be one of"),
+    ("sizes=[0]", "'sizes[0]' must be an integer in [1, inf)"),
+    ("sizes=[-5]", "'sizes[0]'"),
+    ("sizes=[1.5]", "'sizes[0]' must be an integer"),
+    ("ratio=0", "'ratio' must be in (0, 1]"),
+    ("ratio=2", "'ratio' must be in (0, 1]"),
+    ("repeats=0", "'repeats'"),
+    ("warmup=-1", "'warmup'"),
+    ("calls=0", "'calls'"),
+    ("threads=0", "'threads'"),
+    ("check_numel=0", "'check_numel'"),
+    ("pipeline_steps=0", "'pipeline_steps'"),
+    ("slow_call_s=0", "'slow_call_s'"),
+    ("budget_s=-1", "'budget_s' must be a number in [0.0, inf)"),
+    ("tolerance.close_fraction=-0.1", "'tolerance.close_fraction'"),
+    ("tolerance.close_fraction=2", "'tolerance.close_fraction'"),
+    ("tolerance.close_relative=-1e-5", "'tolerance.close_relative'"),
+    ("tolerance.statistics=-0.05", "'tolerance.statistics'"),
+    ("methods=[]", "'methods' is empty"),
+    ("methods=topk", "'methods' must be a list"),
+    ("sizes=5", "'sizes' must be a list"),
+    ("ddp.methods=none", "'ddp.methods' must be a list"),
+    ("methods=[topkk]", "'methods' must be one of"),
+    ("device=tpu", "'device' must be cuda, cuda:N or cpu"),
+    ("device=meta", "'device' must be one of"),
+    ("ddp.methods=[nonsense]", "'ddp.methods' must be one of"),
+    ("ddp.steps=0", "'ddp.steps'"),
+    ("ddp.world_size=0", "'ddp.world_size'"),
+    ("ddp.timeout_s=0", "'ddp.timeout_s'"),
+    ("seed=-1", "'seed'"),
+])
+def test_every_bad_option_is_refused_before_any_check(override, option):
+    """A value outside what configs/gpucheck.yaml allows is refused up front, naming the
+    option (before the fix most of these ran and reported ``"ok": true``)."""
+    with pytest.raises(ConfigError, match=re.escape(option)):
+        gpucheck.validate(job_config(override))
 
 
 def test_methods_are_every_registered_compressor_and_codec():
@@ -209,6 +269,24 @@ def test_cpu_mode_lists_every_method_and_passes(tmp_path):
     report = json.loads((run_dir / "gpucheck.json").read_text())
     assert report["methods"]["topk"]["syncs"]["compress"] == 0  # exact Top-k without a sync
     assert "PASSED" in (run_dir / "gpucheck.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_bad_option_ends_the_command_with_one_line(tmp_path):
+    """The command refuses a bad option with one line on stderr and exit status 1, before
+    any check runs (no report is written)."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gracecomm.experiments.checks.gpucheck", "device=cpu",
+         "+sizez=[1]", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "gracecomm.validation.ConfigError: gpucheck: unknown option 'sizez'. Did you mean "
+        "'sizes'? The options are device, methods, check_numel, calls, pipeline_steps, sizes, "
+        "ratio, repeats, warmup, slow_call_s, budget_s, threads, tolerance, seed, "
+        "short_schedule, variants, ddp"]
+    assert not (run_dir / "gpucheck.json").exists()
 
 
 @pytest.mark.slow

@@ -170,6 +170,85 @@ def test_compression_state_round_trips_through_a_checkpoint_file(tmp_path):
         load_state_file(fresh, tmp_path / "elsewhere", torch.device("cpu"))
 
 
+class Evil:
+    """Unpickling it would run a command (a crafted checkpoint)."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def stepped_topk():
+    grace = build({"name": "topk", "ratio": 0.1})
+    for step in range(2):
+        grace.step(torch.randn(100, generator=torch.Generator().manual_seed(step)), "w")
+    return grace
+
+
+def state_bytes(value) -> torch.Tensor:
+    import io
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda s: [1, 2], ["is not of format 1"]),
+    (lambda s: {**s, "format": 7}, ["is not of format 1"]),
+    (lambda s: {**s, "world_size": "1"}, ["'world_size' is '1'", "positive integer"]),
+    (lambda s: {**s, "world_size": True}, ["'world_size' is True"]),
+    (lambda s: {**s, "world_size": 0}, ["'world_size' is 0"]),
+    (lambda s: {k: v for k, v in s.items() if k != "ranks"}, ["'ranks' must be 1 uint8"]),
+    (lambda s: {**s, "ranks": []}, ["'ranks' must be 1 uint8"]),
+    (lambda s: {**s, "ranks": [torch.zeros(3)]}, ["'ranks' must be 1 uint8"]),
+    (lambda s: {**s, "ranks": "abc"}, ["'ranks' must be 1 uint8"]),
+    (lambda s: {**s, "ranks": [s["ranks"][0][:40]]}, ["rank 0's gracecomm state",
+                                                      "not a readable torch file"]),
+    (lambda s: {**s, "ranks": [state_bytes([1, 2])]}, ["rank 0's gracecomm state is a list"]),
+    (lambda s: {**s, "ranks": [state_bytes({"compressor": 3})]},
+     ["rank 0's gracecomm state does not fit this pipeline"]),
+    (lambda s: {**s, "ranks": [state_bytes({"x": Evil()})]},
+     ["rank 0's gracecomm state is refused", "tensors and plain Python values"]),
+    (lambda s: {**s, "parts": "compressor 'powersgd', memory 'powersgd', communicator "
+                "'allreduce'"},
+     ["holds the compression state of compressor 'powersgd'", "compresses with compressor "
+      "'topk'"]),
+])
+def test_a_malformed_state_file_is_refused_naming_it(tmp_path, change, words):
+    """Every malformed ``gracecomm.pt`` is a `ConfigError` naming the file and what is wrong
+    (before the fix: IndexError, AttributeError, torch's unpickling text, "state of 1 ranks,
+    this run has 1" for ``world_size: "1"``, another method's state loaded silently); the
+    pipeline's state is left as it was."""
+    save_state_file(stepped_topk(), tmp_path)
+    path = tmp_path / "gracecomm.pt"
+    torch.save(change(torch.load(path, weights_only=True)), path)
+    fresh = build({"name": "topk", "ratio": 0.1})
+    before = fresh.state_dict()
+    with pytest.raises(ConfigError) as info:
+        load_state_file(fresh, tmp_path, torch.device("cpu"))
+    for word in [f"compression state file {path}", *words]:
+        assert word in str(info.value), str(info.value)
+    assert "Please file an issue" not in str(info.value)
+    assert same(fresh.state_dict(), before)
+
+
+def test_another_methods_state_is_refused_with_both_names(tmp_path):
+    save_state_file(stepped_topk(), tmp_path)
+    with pytest.raises(ConfigError, match=r"compressor 'topk', memory 'residual'.*but this run "
+                       r"compresses with compressor 'randomk'"):
+        load_state_file(build({"name": "randomk", "ratio": 0.1}), tmp_path, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("content", [b"", b"not a torch file", None])
+def test_a_state_file_that_is_not_a_torch_file_or_a_crafted_pickle_is_named(tmp_path, content):
+    path = tmp_path / "gracecomm.pt"
+    if content is None:
+        torch.save({"format": 1, "x": Evil()}, path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"compression state file {path} is"):
+        load_state_file(build("topk"), tmp_path, torch.device("cpu"))
+
+
 def test_logged_figures_per_step_and_their_means():
     step = {"wire_bytes": 100.0, "dense_bytes": 500.0, "compress_s": 0.1, "decompress_s": 0.2,
             "memory_s": 0.3, "comm_s": 0.5}

@@ -43,6 +43,12 @@ def test_plan_puts_the_baseline_first_and_sync_variants_after_their_method():
     ({"rounds": 0}, "rounds"),
     ({"bandwidth_mbps": 0}, "bandwidth_mbps"),
     ({"world_size": 1}, "world_size"),
+    ({"topology": "cluster", "world_size": 0}, r"'world_size' must be an integer in \[2, inf\)"),
+    ({"topology": "cluster", "world_size": 1}, r"'world_size' must be an integer in \[2, inf\)"),
+    ({"topology": "cluster", "world_size": 65}, "this machine holds at most"),
+    ({"bandwidth_mbps": float("inf")}, r"'bandwidth_mbps' must be a number in \(0.0, inf\)"),
+    ({"topology": "cluster", "bandwidth_mbps": float("inf")}, "'bandwidth_mbps'"),
+    ({"latency_ms": float("inf")}, "'latency_ms'"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ConfigError, match=message):
@@ -88,6 +94,17 @@ def test_a_shaped_run_prints_its_json_and_removes_its_namespace(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("option", ["world_size=0", "bandwidth_mbps=inf"])
+def test_a_bad_cluster_option_is_one_line_before_any_run(tmp_path, option):
+    """Refused before the compute run or any namespace: one line naming the option."""
+    proc = netbench("topology=cluster", option, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"'{option.split('=')[0]}' must be" in lines[0], lines
+    assert not (tmp_path / "alone").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root, the tools are what is missing")
 def test_without_iproute2_it_says_so_and_makes_no_namespace(tmp_path):
     before = namespaces() if ROOT else []
@@ -114,3 +131,68 @@ def test_readme_examples_compose_and_plan(overrides):
     with initialize_config_dir(config_dir=str(CONFIG.parent), version_base="1.3"):
         cfg = compose(config_name="netbench", overrides=overrides)
     assert plan(cfg)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_signal_during_the_compute_run_leaves_no_process(tmp_path, sig):
+    """SIGTERM or SIGKILL to netbench while its single-rank compute run (a torchrun agent
+    and its rank) trains, before any cluster exists: the agent and the rank end too
+    (before the fix both lived on)."""
+    import signal
+    import time
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gracecomm.experiments.cluster.netbench", "methods=[ddp]",
+         "also_sync=false", "steps=100000", "warmup_steps=0", "overrides=[]",
+         f"hydra.run.dir={tmp_path}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        below: set[int] = set()
+        while time.monotonic() < deadline and not (tmp_path / "alone" / "metrics.jsonl").exists():
+            assert proc.poll() is None, "netbench ended before its compute run trained"
+            time.sleep(0.5)
+        below = descendants(proc.pid)
+        assert len(below) >= 2, "no torchrun agent and rank found"  # agent, rank (and more)
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(alive(p) for p in below):
+            time.sleep(0.5)
+        left = [p for p in below if alive(p)]
+        assert not left, f"left running after {sig}: " + "; ".join(
+            Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ")[:200] for p in left)
+    finally:
+        for pid in descendants(proc.pid) | below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.kill()
+        proc.wait()

@@ -69,3 +69,69 @@ def test_a_downlink_status_out_of_range_is_a_payload_error():
     for status in (-1, 3, 7):
         with pytest.raises(gracecomm.PayloadError, match=f"status {status}"):
             server.check_downlink(link, status, 3, 8)
+
+
+# -- a peer's announced counts under a fixed-size method --------------------------------------
+
+LIES = {"more": lambda n: n + 8, "odd": lambda n: n + 1, "negative": lambda n: -n - 4}
+
+
+def announced_counts_worker(rank: int, world_size: int, communicator: str, out: str) -> None:
+    """Top-k over `communicator`, three steps, once honest and then once per lie of rank 1
+    about its first payload tensor's bytes (`LIES`), told from the first step or only from
+    the second on. Each rank writes what happened per run to ``out.<rank>``: the means'
+    equality with the honest run's, or the error."""
+    import json
+    from pathlib import Path
+    gen = torch.Generator().manual_seed(rank)
+    steps = [[(n, torch.randn(*s, generator=gen)) for n, s in (("w", (8, 12)), ("b", (40,)))]
+             for _ in range(3)]
+
+    def run(lie: str | None, first_step: int) -> tuple[list[torch.Tensor], int]:
+        pipe = gracecomm.build({"name": "topk", "ratio": 0.25}, communicator=communicator)
+        comm, told = pipe.communicator, [0]
+        gather = comm._gather_ints
+
+        def lying(link: Any, ints: list[int], device: Any) -> Any:
+            told[0] += 1
+            return gather(link, [LIES[lie](ints[0]), *ints[1:]], device)
+
+        means = []
+        for step, grads in enumerate(steps):
+            if lie is not None and rank == 1 and step == first_step:
+                comm._gather_ints = lying
+            means += pipe.step_many([(n, g.clone()) for n, g in grads])
+        return means, told[0]
+
+    honest, _ = run(None, 0)
+    found: dict[str, Any] = {}
+    for lie in LIES:
+        for first_step in (0, 1):
+            try:
+                means, told = run(lie, first_step)
+            except gracecomm.PayloadError as err:  # both ranks refuse at the size round
+                found[f"{lie}@{first_step}"] = ["PayloadError", str(err)]
+                continue
+            same_means = all(torch.equal(a, b) for a, b in zip(means, honest))
+            found[f"{lie}@{first_step}"] = ["same" if same_means else "changed", told]
+    Path(f"{out}.{rank}").write_text(json.dumps(found))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("communicator", ["broadcast", "allgather"])
+def test_a_peers_announced_count_cannot_change_a_top_k_result(communicator, tmp_path):
+    """Top-k's payload sizes are fixed by the shapes: they are announced once, at the first
+    exchange, where a rank that announces more bytes than it sends, an odd or a negative
+    count is refused with a `PayloadError` naming it on every rank; after that no count is
+    exchanged at all (rank 1's lie is never told) and the received values, parsed by the
+    agreed layout, give the honest run's means bit for bit."""
+    import json
+
+    from tests.helpers import run_ranks
+    run_ranks(announced_counts_worker, 2, communicator, str(tmp_path / "out"), timeout_s=90)
+    for rank in (0, 1):
+        found = json.loads((tmp_path / f"out.{rank}").read_text())
+        for lie in LIES:
+            kind, message = found[f"{lie}@0"]
+            assert kind == "PayloadError" and "rank 1 announced" in message, found
+            assert found[f"{lie}@1"] == ["same", 0], found  # never told, result unchanged

@@ -95,6 +95,27 @@ def test_only_data_settings_may_be_allowed_to_change(saved):
     assert "'compressor', which cannot change on resume" in message
 
 
+@pytest.mark.parametrize("overrides", [
+    ("trainer.batch_size=16", "trainer.resume_changes=[batch_size]"),  # docs/checkpoints.md
+    ("trainer.batch_size=16", "trainer.resume_changes=[trainer.batch_size]"),
+    ("seed=1", "trainer.resume_changes=[seed]"),  # data.seed is ${seed}: it follows
+    ("seed=1", "data.test_fraction=0.5", "trainer.resume_changes=[seed,data]"),
+    ("trainer.lr=0.01", "trainer.resume_changes=[trainer.lr]"),  # applied, listed or not
+    ("trainer.momentum=0.5", "trainer.resume_changes=[momentum]"),
+])
+def test_the_documented_forms_of_resume_changes_resume(saved, overrides):
+    """The forms docs/checkpoints.md and configs/trainer/default.yaml give (before the fix
+    ``[batch_size]`` and ``[trainer.lr]`` were refused, and ``[seed]`` always failed on
+    data.seed)."""
+    validate(compose_config(*BASE, f"trainer.resume={saved}", "trainer.max_steps=12",
+                            *overrides))
+
+
+def test_listing_the_seed_does_not_allow_a_data_seed_of_its_own(saved):
+    message = refused(saved, "seed=1", "data.seed=5", "trainer.resume_changes=[seed]")
+    assert "data.seed is 5 here but 0" in message and "seed is 1" not in message, message
+
+
 def test_an_allowed_data_change_continues_at_the_next_epoch(folder, tmp_path):
     cfg = compose_config(*BASE, f"trainer.resume={folder}", "trainer.batch_size=16",
                          "trainer.resume_changes=[trainer.batch_size]", "trainer.max_steps=12")
@@ -153,6 +174,45 @@ def test_a_manifest_that_is_not_one_is_a_clear_error(tmp_path, text):
     (tmp_path / "manifest.json").write_text(text)
     with pytest.raises(ConfigError, match="manifest.json"):
         checkpoint.manifest(tmp_path, 1)
+
+
+class Evil:
+    """Unpickling it would run a command (a crafted checkpoint)."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+@pytest.mark.parametrize("content", ["pickle", "torch", "list", "garbage"])
+def test_a_crafted_or_foreign_rank_file_is_refused_naming_it(folder, content):
+    """A rank file that the manifest vouches for (size and hash) but that holds a crafted
+    pickle, or is no checkpoint, is refused with the library's message naming the file
+    (before the fix: torch's "Please file an issue" text)."""
+    import hashlib
+    import io
+    import pickle
+    path = folder / "rank0-step10.pt"
+    buffer = io.BytesIO()
+    if content == "pickle":
+        buffer.write(pickle.dumps({"version": 3, "x": Evil()}))
+    elif content == "torch":
+        torch.save({"version": 3, "x": Evil()}, buffer)
+    elif content == "list":
+        torch.save([1, 2], buffer)
+    else:
+        buffer.write(b"garbage")
+    data = buffer.getvalue()
+    path.write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["ranks"][0].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError) as info:
+        checkpoint.load(folder, 0, 1, manifest["fingerprint"])
+    message = str(info.value)
+    assert message.startswith(f"checkpoint {path} "), message
+    assert "Please file an issue" not in message and "\n" not in message, message
+    if content in ("pickle", "torch"):
+        assert "tensors and plain Python values" in message, message
 
 
 # -- failed writes, shared directories -----------------------------------------------------

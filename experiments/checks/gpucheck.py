@@ -53,88 +53,38 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hydra
 import torch
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import gracecomm
-from gracecomm import communicators, compressors, memories, registry
+from gracecomm import communicators, compressors, memories
 from gracecomm.compressor import Compressor, Payload
 from gracecomm.compressors.shared.stochastic import torch_paths
-from gracecomm.config import guarded, instantiate
-from gracecomm.configstore import register_configs
+from gracecomm.config import guarded
 from gracecomm.experiments.bench.compressors import synthetic
 from gracecomm.experiments.bench.timing import best_of_each
+from gracecomm.experiments.checks.gpucheck_config import (
+    CONFIG_DIR,
+    Entry,
+    build,
+    entries,
+    parse_device,
+    short_schedule,
+    validate,
+)
 from gracecomm.experiments.checks.gpucheck_report import Record, markdown, summary_line, sync_cells
 from gracecomm.experiments.checks.hostwatch import SYNC_KINDS, HostWatch
 from gracecomm.experiments.training import rundir  # noqa: F401 - registers ${run_token:}
 from gracecomm.state import Stateful
-from gracecomm.validation import ConfigError, check_choice, num_kept
+from gracecomm.validation import ConfigError, num_kept
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 NO_DEVICE = 2  # exit status: the device asked for is missing
 LEVELS = ("identical", "close", "statistics", "differs")  # from best to worst
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One method checked: a label and the ``gracecomm-train`` overrides that build it."""
-
-    label: str
-    overrides: tuple[str, ...]
-
-
-def short_schedule(cfg: DictConfig, compressor: str) -> tuple[str, ...]:
-    """The overrides of ``cfg.short_schedule`` (option -> value) that `compressor` takes as
-    options (its constructor's), so that a few steps reach every phase of a method with
-    phases (LGC's ``warmup_iters``, ``ae_train_iters``)."""
-    options = registry.options_of(registry.get("compressor", compressor)) or {}
-    return tuple(f"compressor.{key}={value}"
-                 for key, value in (cfg.get("short_schedule") or {}).items() if key in options)
-
-
-def entries(cfg: DictConfig) -> list[Entry]:
-    """Every registered compressor, a DeepReduce per registered index and value codec, and
-    the variants; `cfg.methods`, if set, picks some of them by label."""
-    found = [Entry(name, (f"compressor={name}", *short_schedule(cfg, name)))
-             for name in gracecomm.available("compressor")]
-    for kind in ("index", "value"):
-        for codec in gracecomm.available(f"{kind}_codec"):
-            found.append(Entry(f"deepreduce[{kind}={codec}]",
-                               ("compressor=deepreduce", f"compressor/{kind}={codec}")))
-    for name, options in (cfg.get("variants") or {}).items():
-        settings = [f"{key}={value}" for key, value in options.items()]
-        found.append(Entry(f"{name}[{','.join(settings)}]",
-                           (f"compressor={name}", *short_schedule(cfg, str(name)),
-                            *(f"compressor.{s}" for s in settings))))
-    if cfg.get("methods") is None:
-        return found
-    by_label = {e.label: e for e in found}
-    for label in cfg.methods:
-        check_choice(str(label), list(by_label), "gpucheck", "methods")
-    return [by_label[str(label)] for label in cfg.methods]
-
-
-@functools.cache
-def compressor_config(overrides: tuple[str, ...]) -> DictConfig:
-    """The compressor's config, composed from the training config as a run composes it
-    (once per method: every check instantiates its own copy)."""
-    if GlobalHydra.instance().is_initialized():  # inside this entry point's Hydra run
-        return hydra.compose(config_name="train", overrides=list(overrides)).compressor
-    register_configs()  # the registered parts' config groups, as the commands compose them
-    with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return hydra.compose(config_name="train", overrides=list(overrides)).compressor
-
-
-def build(entry: Entry) -> Compressor:
-    """A new compressor of `entry`."""
-    return instantiate(compressor_config(entry.overrides))
 
 
 def parts(obj: Stateful) -> Iterator[Stateful]:
@@ -420,12 +370,7 @@ def time_method(entry: Entry, device: torch.device, numel: int, cfg: DictConfig)
 def resolve_device(name: str) -> torch.device:
     """The device of option `device`; exits with `NO_DEVICE` and a message when CUDA is
     asked for and missing."""
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"gpucheck: option 'device' must be cuda, cuda:N or cpu; got "
-                          f"{name!r}") from None
-    check_choice(device.type, ("cuda", "cpu"), "gpucheck", "device")
+    device = parse_device(name)
     if device.type == "cuda":
         why = None
         if not torch.cuda.is_available():
@@ -567,6 +512,11 @@ def gpucheck_job(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     overrides = list(HydraConfig.get().overrides.task)
     command = " ".join(["gracecomm-gpucheck", *overrides])
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        print(f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
     report = run_checks(cfg, out_dir)
     report["command"] = command
     (out_dir / "gpucheck.json").write_text(json.dumps(report, indent=1, default=str))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import re
 import shutil
@@ -93,8 +94,9 @@ class Link:
     loss_pct: float = 0.0
 
     def __post_init__(self) -> None:
-        check_range(self.bandwidth_mbps, "cluster", "bandwidth_mbps", 0.0, low_open=True)
-        check_range(self.latency_ms, "cluster", "latency_ms", 0.0)
+        check_range(self.bandwidth_mbps, "cluster", "bandwidth_mbps", 0.0, math.inf,
+                    low_open=True, high_open=True)  # tc shapes a finite rate
+        check_range(self.latency_ms, "cluster", "latency_ms", 0.0, math.inf, high_open=True)
         check_range(self.jitter_ms, "cluster", "jitter_ms", 0.0)
         check_range(self.loss_pct, "cluster", "loss_pct", 0.0, 100.0, high_open=True)
         if self.jitter_ms > self.latency_ms:
@@ -221,10 +223,10 @@ def signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _die_with_launcher() -> None:
-    """In a node's process, before exec: SIGKILL when the launcher dies (PR_SET_PDEATHSIG),
-    so that a launcher killed with SIGKILL takes its torchrun agents (and they their ranks)
-    with it."""
+def die_with_launcher() -> None:
+    """In a child process (a node's, netbench's compute run), before exec: SIGKILL when the
+    launcher dies (PR_SET_PDEATHSIG), so that a launcher killed with SIGKILL or SIGTERM
+    takes its torchrun agents (and they their ranks, which follow their agent) with it."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
@@ -341,7 +343,7 @@ class EmulatedCluster:
                     self.node_command(node, args, log_dir), stdout=log,
                     stderr=subprocess.STDOUT,
                     env=self.environment(), start_new_session=True,
-                    preexec_fn=_die_with_launcher))
+                    preexec_fn=die_with_launcher))
             failed = self._wait(procs, timeout_s)
         finally:
             self._stop(procs)

@@ -68,6 +68,7 @@ from gracecomm.experiments.cluster.emulation import (
     ClusterError,
     Link,
     check_size,
+    die_with_launcher,
     sigterm_as_exit,
 )
 from gracecomm.experiments.cluster.topologies import (
@@ -131,8 +132,9 @@ def check_options(cfg: DictConfig) -> None:
     """Every option's value, before any namespace is made."""
     check_choice(cfg.topology, TOPOLOGIES, "netbench", "topology")
     check_choice(cfg.goal, GOALS, "netbench", "goal")
-    check_range(cfg.bandwidth_mbps, "netbench", "bandwidth_mbps", 0.0, low_open=True)
-    check_range(cfg.latency_ms, "netbench", "latency_ms", 0.0)
+    check_range(cfg.bandwidth_mbps, "netbench", "bandwidth_mbps", 0.0, math.inf,
+                low_open=True, high_open=True)  # tc shapes a finite rate
+    check_range(cfg.latency_ms, "netbench", "latency_ms", 0.0, math.inf, high_open=True)
     check_range(cfg.steps, "netbench", "steps", 1, integer=True)
     check_range(cfg.warmup_steps, "netbench", "warmup_steps", 0, integer=True)
     check_range(cfg.rounds, "netbench", "rounds", 1, integer=True)
@@ -210,7 +212,7 @@ def reference_accuracy(cfg: DictConfig, runs: list[tuple[str, list[str]]], ranks
     args = train_args([*overrides, *accuracy_overrides(cfg, None),
                        f"trainer.world_size={ranks}"], run_dir, float(cfg.timeout_s))
     done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          timeout=float(cfg.timeout_s) + 60)
+                          timeout=float(cfg.timeout_s) + 60, preexec_fn=die_with_launcher)
     if done.returncode:
         raise NetbenchError(f"the reference run of {name} failed:\n{done.stdout[-2000:]}"
                             f"{done.stderr[-2000:]}")
@@ -234,7 +236,7 @@ def compute_alone(cfg: DictConfig, out_dir: Path) -> float:
                       run_dir, float(cfg.timeout_s))
     done = subprocess.run([*torchrun_standalone(1, run_dir / "torchelastic"), *args],
                           capture_output=True, text=True,
-                          timeout=float(cfg.timeout_s) + 60,
+                          timeout=float(cfg.timeout_s) + 60, preexec_fn=die_with_launcher,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode:
         raise NetbenchError(f"the single-rank compute run failed:\n{done.stdout[-2000:]}"

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gracecomm.state import load_state
 from gracecomm.validation import ConfigError
 
 FORMAT_VERSION = 3  # 3: the manifest records the run's settings
@@ -271,10 +272,10 @@ def load(directory: str | os.PathLike[str], rank: int, world_size: int,
     are under ``settings``."""
     found = manifest(directory, world_size, [rank])
     source = Path(directory) / found["ranks"][rank]["file"]
-    try:
-        state = torch.load(source, map_location="cpu", weights_only=True)
-    except Exception as err:  # corrupt or foreign file: say which one
-        raise ConfigError(f"checkpoint {source} cannot be read safely: {err}") from None
+    state = load_state(source, f"checkpoint {source}")
+    if not isinstance(state, dict):
+        raise ConfigError(f"checkpoint {source} holds a {type(state).__name__}, not a "
+                          "checkpoint (a dict of its rank's state)")
     if state.get("version") != FORMAT_VERSION or state.get("rank") != rank:
         raise ConfigError(f"checkpoint {source} is not rank {rank}'s file of format "
                           f"{FORMAT_VERSION} (it says rank {state.get('rank')}, format "

@@ -52,6 +52,15 @@ def is_listed(key: str, names: list[str]) -> bool:
     return any(key == n or key.startswith(f"{n}.") for n in names)
 
 
+def listed_name(name: str) -> str:
+    """A name in ``trainer.resume_changes`` as a setting: a trainer option may be given
+    without ``trainer.`` (``batch_size``), as the trainer config names its own options."""
+    known = [*DATA_SETTINGS, *APPLIED_ON_RESUME]
+    if not is_listed(name, known) and is_listed(f"trainer.{name}", known):
+        return f"trainer.{name}"
+    return name
+
+
 def resume_changes(cfg: DictConfig, saved: dict[str, Any],
                    world_size: int) -> dict[str, tuple[Any, Any]]:
     """The settings (`run_settings`) of this run that differ from those of the checkpoint's
@@ -63,13 +72,18 @@ def resume_changes(cfg: DictConfig, saved: dict[str, Any],
     missing = "not set"
     changed = {k: (saved.get(k, missing), now.get(k, missing)) for k in sorted({*saved, *now})
                if saved.get(k, missing) != now.get(k, missing)}
-    allowed = [str(n) for n in cfg.trainer.get("resume_changes") or []]
+    allowed = [listed_name(str(n)) for n in cfg.trainer.get("resume_changes") or []]
     for name in allowed:
-        if not is_listed(name, list(DATA_SETTINGS)):
+        if not is_listed(name, [*DATA_SETTINGS, *APPLIED_ON_RESUME]):
             raise ConfigError(f"trainer: option 'resume_changes' lists {name!r}, which cannot "
-                              f"change on resume; it may list {', '.join(DATA_SETTINGS)} or "
-                              "options of data (the compression and optimizer state belong "
-                              "to the method, the model and the world size)")
+                              f"change on resume; it may list {', '.join(DATA_SETTINGS)} "
+                              "(trainer options also without 'trainer.') or options of data; "
+                              f"{', '.join(APPLIED_ON_RESUME)} change without being listed "
+                              "(the compression and optimizer state belong to the method, "
+                              "the model and the world size)")
+    if "seed" in allowed and all(run.get("data.seed", missing) == run.get("seed", missing)
+                                 for run in (saved, now)):
+        allowed.append("data.seed")  # it follows the seed (``seed: ${seed}``) in both runs
     refused = {k: v for k, v in changed.items()
                if k not in APPLIED_ON_RESUME and not is_listed(k, allowed)}
     if refused:
