@@ -637,8 +637,8 @@ def test_exact_guard_inside_a_pool_selects_as_over_the_tensor(backend, monkeypat
         pytest.importorskip("numba")
     import gracecomm.compressors.sidco as sidco
     torch.manual_seed(0)
-    x = torch.distributions.StudentT(3.0).sample((1 << 19,)) * 1e-3
-    monkeypatch.setattr(sidco, "EXACT_BELOW", 5_000)  # fires a few stages in
+    x = torch.distributions.StudentT(3.0).sample((1 << 21,)) * 1e-3
+    monkeypatch.setattr(sidco, "EXACT_BELOW", 20_000)  # fires a few stages in
     pooled_calls = []
     select_from = SIDCo.select_from
 
@@ -648,15 +648,15 @@ def test_exact_guard_inside_a_pool_selects_as_over_the_tensor(backend, monkeypat
 
     monkeypatch.setattr(SIDCo, "select_from", spy)
     results = []
-    for compact_from in (1 << 18, 1 << 62):
+    for compact_from in (1 << 20, 1 << 62):
         monkeypatch.setattr(sidco, "COMPACT_FROM", compact_from)
         comp = SIDCo(ratio=0.001, backend=backend, stages=8, adapt={"rule": "off"})
-        eta, used, exact, _ = comp.threshold(x, sidco.moments(x, 0.0, backend), 524, 8)
+        eta, used, exact, _ = comp.threshold(x, sidco.moments(x, 0.0, backend), 2097, 8)
         assert exact is not None and exact.fallback == "exact" and used > 2
         results.append((eta, exact.indices))
     assert pooled_calls == [True, False]
     (eta_pooled, pooled), (eta_whole, whole) = results
-    assert eta_pooled == eta_whole and torch.equal(pooled, whole) and pooled.numel() == 524
+    assert eta_pooled == eta_whole and torch.equal(pooled, whole) and pooled.numel() == 2097
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -666,7 +666,7 @@ def test_pools_filter_in_place_as_selections_do(dtype):
     those of a pass over the whole tensor (numba's slots and torch alike), also where
     per-chunk slots sized from the expected count overflow (in a few chunks, or in all)
     and those chunks are collected again."""
-    x = draw("t3", (1 << 18) + 333, 2).to(dtype)  # four whole chunks and an odd tail
+    x = draw("t3", 1 << 20, 2).to(dtype)
     x[:1 << 17] *= 50  # the first two chunks' slots overflow: they are collected again
     x[::5] = 0
     x[7] = x[8] = 2.5  # ties at a threshold
@@ -704,16 +704,16 @@ def test_later_stages_on_the_pooled_exceedances_select_the_same(backend, monkeyp
         pytest.importorskip("numba")
     import gracecomm.compressors.sidco as sidco
     torch.manual_seed(0)
-    x = torch.distributions.StudentT(3.0).sample((1 << 19,)) * 1e-3
+    x = torch.distributions.StudentT(3.0).sample((1 << 21,)) * 1e-3
     selections = []
-    for compact_from in (1 << 18, 1 << 62):
+    for compact_from in (1 << 20, 1 << 62):
         monkeypatch.setattr(sidco, "COMPACT_FROM", compact_from)
         comp = SIDCo(ratio=0.001, backend=backend, stages=8, adapt={"rule": "off"})
-        eta, used, exact, pool = comp.threshold(x, sidco.moments(x, 0.0, backend), 524, 8)
+        eta, used, exact, pool = comp.threshold(x, sidco.moments(x, 0.0, backend), 2097, 8)
         assert exact is None and used >= 4
-        assert (pool is not None) == (compact_from == 1 << 18)
+        assert (pool is not None) == (compact_from == 1 << 20)
         payload, _ = comp.compress(x, "w")
         selections.append((eta, payload[1]))
     (eta_pooled, pooled), (eta_whole, whole) = selections
     assert eta_pooled == eta_whole and torch.equal(pooled, whole)
-    assert 0.5 < pooled.numel() / 524 < 2.0
+    assert 0.5 < pooled.numel() / 2097 < 2.0
