@@ -4,6 +4,8 @@ comparing nested state dicts."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,3 +53,12 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return torch.equal(a, b)
     return a == b
+
+
+def console_script(name: str, tmp_path: Path, *args: str,
+                   timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run an installed command (``gracecomm-train``, ...) of this environment in `tmp_path`,
+    its Hydra run directory under it, and capture its output."""
+    exe = Path(sys.executable).parent / name
+    return subprocess.run([str(exe), *args, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=timeout)

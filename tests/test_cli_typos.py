@@ -14,6 +14,7 @@ import pytest
 from gracecomm.config import check_part_options, guard_composition, instantiate
 from gracecomm.registry import COMPRESSORS
 from gracecomm.validation import ConfigError
+from tests.helpers import console_script
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -106,12 +107,6 @@ def test_the_options_check_passes_the_shipped_configs_and_leaves_required_option
 
 # -- the commands ------------------------------------------------------------------------------
 
-def command(name: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).parent / name
-    return subprocess.run([str(exe), *args, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=240)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "args", "words"), [
     ("gracecomm-train", ["compressor.ratoi=0.1"], ["'compressor.ratio'"]),
@@ -130,7 +125,7 @@ def command(name: str, tmp_path: Path, *args: str) -> subprocess.CompletedProces
     ("gracecomm-gpucheck", ["tolerance.statistic=0.1"], ["'tolerance.statistics'"]),
 ])
 def test_a_misspelt_command_line_ends_in_one_line(tmp_path, name, args, words):
-    proc = command(name, tmp_path, *args)
+    proc = console_script(name, tmp_path, *args)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("gracecomm.validation.ConfigError: "), lines[0]

@@ -7,7 +7,6 @@ file from outside the config tree or wrote outside the run directory before the 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from omegaconf import OmegaConf
 from gracecomm.config import check_composed
 from gracecomm.experiments.training.config import compose_config
 from gracecomm.validation import ConfigError
+from tests.helpers import console_script
 
 HELPER = "gracecomm.experiments.cluster.topologies._run"  # runs its arguments as a command
 
@@ -143,19 +143,25 @@ HANDLERS = {
 }
 
 
+def refused_handler(tmp_path: Path, section: str, handler: str, *words: str,
+                    top: str = "") -> None:
+    """A config file whose ``hydra.SECTION.handlers`` holds `handler` (YAML lines, indented
+    for it), with `top` (YAML) at its top level, is refused, naming the section and `words`."""
+    text = f"{top}hydra:\n  {section}:\n    handlers:\n      {handler}\n"
+    refused(lambda: compose_config(*global_file(tmp_path, text)), f"hydra.{section}", *words)
+
+
 @pytest.mark.parametrize("how", sorted(HANDLERS))
 @pytest.mark.parametrize("section", ["job_logging", "hydra_logging"])
 def test_a_logging_handler_hidden_in_an_interpolation_is_refused(tmp_path, how, section):
-    text = (f"hidden: '{SOCKET}'\nhidden_node: {SOCKET}\n"
-            f"hydra:\n  {section}:\n    handlers:\n      {HANDLERS[how]}\n")
-    refused(lambda: compose_config(*global_file(tmp_path, text)), f"hydra.{section}",
-            "SocketHandler", "logging.FileHandler")
+    refused_handler(tmp_path, section, HANDLERS[how], "SocketHandler", "logging.FileHandler",
+                    top=f"hidden: '{SOCKET}'\nhidden_node: {SOCKET}\n")
 
 
 def test_a_logging_external_hidden_in_an_interpolation_is_refused(tmp_path):
-    text = ("hydra:\n  job_logging:\n    handlers:\n      console:\n"
-            "        stream: \"${oc.decode:'ext://os.system'}\"\n")
-    refused(lambda: compose_config(*global_file(tmp_path, text)), "ext://os.system")
+    refused_handler(tmp_path, "job_logging",
+                    "console:\n        stream: \"${oc.decode:'ext://os.system'}\"",
+                    "ext://os.system")
 
 
 # -- files outside the config tree and the run directory --------------------------------------
@@ -183,11 +189,10 @@ FILES = {
 @pytest.mark.parametrize("where", sorted(FILES))
 @pytest.mark.parametrize("section", ["job_logging", "hydra_logging"])
 def test_a_log_file_outside_the_run_directory_is_refused(tmp_path, where, section):
-    text = (f"hidden: \"'{tmp_path}/evil.log'\"\nhydra:\n  {section}:\n    handlers:\n"
-            "      file:\n        class: logging.FileHandler\n        mode: w\n"
-            f"        filename: \"{FILES[where]}\"\n")
-    refused(lambda: compose_config(*global_file(tmp_path, text)), f"hydra.{section}",
-            "filename", "run directory")
+    refused_handler(tmp_path, section,
+                    "file:\n        class: logging.FileHandler\n        mode: w\n"
+                    f"        filename: \"{FILES[where]}\"", "filename", "run directory",
+                    top=f"hidden: \"'{tmp_path}/evil.log'\"\n")
 
 
 @pytest.mark.parametrize("subdir", ["../../elsewhere", "/tmp/gracecomm_evil"])
@@ -205,12 +210,6 @@ def test_a_log_file_in_the_run_directory_is_allowed(tmp_path):
 
 # -- the commands, end to end -------------------------------------------------------------------
 
-def command(name: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).parent / name
-    return subprocess.run([str(exe), *args, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=240)
-
-
 def one_line_refusal(proc: subprocess.CompletedProcess, *words: str) -> None:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-2000:]
@@ -225,7 +224,7 @@ def test_train_runs_no_callback_built_by_an_interpolation(tmp_path):
     (tmp_path / "conf" / "experiment" / "cb.yaml").write_text(
         f"# @package _global_\nhidden: '{{_target_: {HELPER}, _args_: [touch, {marker}]}}'\n"
         "hydra:\n  callbacks:\n    x: ${oc.decode:${hidden}}\n")
-    proc = command("gracecomm-train", tmp_path, "--config-dir", str(tmp_path / "conf"),
+    proc = console_script("gracecomm-train", tmp_path, "--config-dir", str(tmp_path / "conf"),
                    "+experiment=cb", "trainer.max_steps=1", "trainer.progress=false")
     one_line_refusal(proc, "hydra.callbacks.x", HELPER)
     assert not marker.exists()
@@ -240,6 +239,6 @@ def test_a_config_file_cannot_forward_allow_any_target(tmp_path, which):
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "evil.yaml").write_text(
         f"defaults:\n  - {which}\n  - _self_\n{body}")
-    proc = command(f"gracecomm-{which}", tmp_path, "--config-dir", str(tmp_path / "conf"),
+    proc = console_script(f"gracecomm-{which}", tmp_path, "--config-dir", str(tmp_path / "conf"),
                    "--config-name", "evil")
     one_line_refusal(proc, "allow_any_target", "command line")

@@ -18,6 +18,7 @@ from gracecomm import build
 from gracecomm.config import check_targets, instantiate
 from gracecomm.experiments.training.config import compose_config, validate
 from gracecomm.validation import ConfigError
+from tests.helpers import console_script
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = "gracecomm.experiments.cluster.topologies._run"  # runs its arguments as a command
@@ -244,11 +245,8 @@ def test_a_hydra_callback_runs_nothing(tmp_path):
 def test_every_command_checks_what_it_composes(tmp_path, command):
     """Not only gracecomm-train: every console script runs its Hydra entry point inside
     `gracecomm.config.guarded`."""
-    exe = Path(sys.executable).parent / command
-    proc = subprocess.run([str(exe), "+hydra.callbacks.x._target_=builtins.print",
-                           "+hydra.callbacks.x._args_=[CALLBACK_RAN]",
-                           f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    proc = console_script(command, tmp_path, "+hydra.callbacks.x._target_=builtins.print",
+                          "+hydra.callbacks.x._args_=[CALLBACK_RAN]", timeout=120)
     assert "CALLBACK_RAN" not in proc.stdout + proc.stderr
     assert proc.returncode != 0 and "hydra.callbacks.x" in proc.stderr, proc.stderr[-2000:]
 
