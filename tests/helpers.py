@@ -62,3 +62,12 @@ def console_script(name: str, tmp_path: Path, *args: str,
     exe = Path(sys.executable).parent / name
     return subprocess.run([str(exe), *args, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def experiment_dir(tmp_path: Path, name: str, text: str) -> Path:
+    """A config directory (for ``--config-dir``) holding the experiment `name`: a
+    ``_global_`` YAML file with `text`."""
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True, exist_ok=True)
+    (conf / "experiment" / f"{name}.yaml").write_text(f"# @package _global_\n{text}")
+    return conf

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from gracecomm.config import check_composed
 from gracecomm.experiments.training.config import compose_config
 from gracecomm.validation import ConfigError
-from tests.helpers import console_script
+from tests.helpers import console_script, experiment_dir
 
 HELPER = "gracecomm.experiments.cluster.topologies._run"  # runs its arguments as a command
 
@@ -220,12 +220,11 @@ def one_line_refusal(proc: subprocess.CompletedProcess, *words: str) -> None:
 @pytest.mark.slow
 def test_train_runs_no_callback_built_by_an_interpolation(tmp_path):
     marker = tmp_path / "MARKER"
-    (tmp_path / "conf" / "experiment").mkdir(parents=True)
-    (tmp_path / "conf" / "experiment" / "cb.yaml").write_text(
-        f"# @package _global_\nhidden: '{{_target_: {HELPER}, _args_: [touch, {marker}]}}'\n"
-        "hydra:\n  callbacks:\n    x: ${oc.decode:${hidden}}\n")
-    proc = console_script("gracecomm-train", tmp_path, "--config-dir", str(tmp_path / "conf"),
-                   "+experiment=cb", "trainer.max_steps=1", "trainer.progress=false")
+    conf = experiment_dir(tmp_path, "cb",
+                          f"hidden: '{{_target_: {HELPER}, _args_: [touch, {marker}]}}'\n"
+                          "hydra:\n  callbacks:\n    x: ${oc.decode:${hidden}}\n")
+    proc = console_script("gracecomm-train", tmp_path, "--config-dir", str(conf),
+                          "+experiment=cb", "trainer.max_steps=1", "trainer.progress=false")
     one_line_refusal(proc, "hydra.callbacks.x", HELPER)
     assert not marker.exists()
 
@@ -239,6 +238,6 @@ def test_a_config_file_cannot_forward_allow_any_target(tmp_path, which):
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "evil.yaml").write_text(
         f"defaults:\n  - {which}\n  - _self_\n{body}")
-    proc = console_script(f"gracecomm-{which}", tmp_path, "--config-dir", str(tmp_path / "conf"),
-                   "--config-name", "evil")
+    proc = console_script(f"gracecomm-{which}", tmp_path, "--config-dir",
+                          str(tmp_path / "conf"), "--config-name", "evil")
     one_line_refusal(proc, "allow_any_target", "command line")

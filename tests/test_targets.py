@@ -18,7 +18,7 @@ from gracecomm import build
 from gracecomm.config import check_targets, instantiate
 from gracecomm.experiments.training.config import compose_config, validate
 from gracecomm.validation import ConfigError
-from tests.helpers import console_script
+from tests.helpers import console_script, experiment_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = "gracecomm.experiments.cluster.topologies._run"  # runs its arguments as a command
@@ -254,11 +254,9 @@ def test_every_command_checks_what_it_composes(tmp_path, command):
 @pytest.mark.slow
 def test_a_config_dir_cannot_open_targets(tmp_path):
     marker = tmp_path / "MARKER"
-    (tmp_path / "conf" / "experiment").mkdir(parents=True)
-    (tmp_path / "conf" / "experiment" / "open.yaml").write_text(
-        f"# @package _global_\nallow_any_target: true\ncompressor:\n  _target_: {HELPER}\n"
-        f"  _args_: [touch, {marker}]\n")
-    proc = cli(tmp_path, "+experiment=open", options=("--config-dir", str(tmp_path / "conf")))
+    conf = experiment_dir(tmp_path, "open", f"allow_any_target: true\ncompressor:\n"
+                          f"  _target_: {HELPER}\n  _args_: [touch, {marker}]\n")
+    proc = cli(tmp_path, "+experiment=open", options=("--config-dir", str(conf)))
     assert proc.returncode != 0 and "a config file sets allow_any_target" in proc.stderr, \
         proc.stderr[-2000:]
     assert not marker.exists()
