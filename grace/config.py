@@ -116,19 +116,36 @@ def names_of(obj: Any) -> set[str]:
     return names
 
 
-def _registered_names() -> frozenset[str]:
+def _registries_key() -> tuple[tuple[str, int], ...]:
+    """Each family and its size, the built-in families loaded first: what the caches of
+    `_registered_parts` and `_registered_names` are keyed by (a plugin may add entries)."""
     from gracecomm.registry import REGISTRIES, available
     for kind in ("compressor", "memory", "communicator"):
         available(kind)  # loads the built-in families (and the codec registries they add)
-    key = tuple((kind, len(available(kind))) for kind in sorted(REGISTRIES))
-    return _names_of_registries(key)
+    return tuple((kind, len(available(kind))) for kind in sorted(REGISTRIES))
+
+
+@functools.cache
+def _parts_of_registries(key: tuple[tuple[str, int], ...]
+                         ) -> dict[str, tuple[str, str, type]]:
+    from gracecomm.registry import available, get
+    return {dotted: (kind, name, get(kind, name)) for kind, _ in key
+            for name in available(kind) for dotted in names_of(get(kind, name))}
 
 
 @functools.cache
 def _names_of_registries(key: tuple[tuple[str, int], ...]) -> frozenset[str]:
-    from gracecomm.registry import available, get
-    return frozenset(name for kind, _ in key for entry in available(kind)
-                     for name in names_of(get(kind, entry)))
+    return frozenset(_parts_of_registries(key))
+
+
+def _registered_parts() -> dict[str, tuple[str, str, type]]:
+    """Dotted name -> (kind, registry name, class) of every registered part."""
+    return _parts_of_registries(_registries_key())
+
+
+def _registered_names() -> frozenset[str]:
+    """The dotted names of every registered part."""
+    return _names_of_registries(_registries_key())
 
 
 @functools.cache
@@ -643,15 +660,6 @@ def _defaults_in_tree() -> Iterator[None]:
 # -- misspelt command lines -----------------------------------------------------------------
 
 HYDRA_KEYS = frozenset({"_target_", "_args_", "_recursive_", "_convert_", "_partial_"})
-
-
-def _registered_parts() -> dict[str, tuple[str, str, type]]:
-    """Dotted name -> (kind, registry name, class) of every registered part."""
-    from gracecomm.registry import REGISTRIES, available, get
-    for kind in ("compressor", "memory", "communicator"):
-        available(kind)  # loads the built-in families (and the codec registries they add)
-    return {dotted: (kind, name, get(kind, name)) for kind in sorted(REGISTRIES)
-            for name in available(kind) for dotted in names_of(get(kind, name))}
 
 
 def check_part_options(cfg: Any) -> None:
