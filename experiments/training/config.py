@@ -27,7 +27,7 @@ from gracecomm.config import (
     opted_in,
 )
 from gracecomm.configstore import node_of
-from gracecomm.experiments.training import checkpoint, rundir  # noqa: F401 - rundir registers ${run_token:}, which compose_config resolves
+from gracecomm.experiments.training import checkpoint, rundir  # noqa: F401 (${run_token:})
 from gracecomm.experiments.training.launch import launched_externally
 from gracecomm.experiments.training.resume import resume_changes
 from gracecomm.experiments.training.torch_hooks import check_torch_exchange
