@@ -107,7 +107,11 @@ def test_benchmarks_name_presets_and_refuse_other_names():
 def test_a_bench_label_cannot_take_a_presets_name():
     from gracecomm.experiments.bench.compressors import method_instances
     spec = OmegaConf.create([{"name": "sidco", "label": "sidco_gp", "variant": "sidco_gp"}])
-    with pytest.raises(ConfigError, match="sidco_gp.*name of a method preset"):
+    with pytest.raises(ConfigError, match=r"sidco_gp.*method preset \(\+method=sidco_gp\)"):
+        list(method_instances(spec, [0.01]))
+    # a compressor's name is a preset too, though no file under configs/method/ holds it
+    spec = OmegaConf.create([{"name": "randomk", "label": "topk"}])
+    with pytest.raises(ConfigError, match=r"'topk' is the name of a method preset \(\+method="):
         list(method_instances(spec, [0.01]))
     (label, ratio, comp), = method_instances(OmegaConf.create(["sidco_gp"]), [0.001])
     assert (label, ratio, comp.ratio, comp.variant) == ("sidco_gp", 0.001, 0.001, "sidco_gp")

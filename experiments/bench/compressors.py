@@ -171,8 +171,7 @@ def method_instances(methods: Any, ratios: list[float]) -> Iterator[tuple[str, f
         label = spec.pop("label", name)
         if label != name and label in presets.available():
             raise ConfigError(f"bench: method label '{label}' is the name of a method preset "
-                              f"(configs/method/{label}.yaml); name the preset, or choose "
-                              "another label")
+                              f"(+method={label}); name the preset, or choose another label")
         if not spec and name in presets.available():
             node = presets.compose(name).compressor
             if "ratio" in node:
