@@ -48,7 +48,7 @@ class RecordingRar(LGCRar):
 
 def targets(vectors: torch.Tensor) -> torch.Tensor:
     """The RAR training targets x_t = mean_k g~_k / s_t with s_t = mean_k RMS(g~_k) + 1e-12,
-    as `LGCRar.train` scales them (spec Sec. 6)."""
+    as `LGCRar.train` scales them."""
     scale = LGCRar.rms(vectors).mean(1, keepdim=True) + SCALE_EPS
     return (vectors / scale).mean(1).double()
 

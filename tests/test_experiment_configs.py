@@ -166,7 +166,7 @@ def test_sparse_model_runs_deepreduce_without_a_sparsifier():
 
 
 def test_lgc_compares_both_variants_with_top_k_and_dgc_at_one_density():
-    """The byte ratios against Top-k need the same density in every run, and the spec's
+    """The byte ratios against Top-k need the same density in every run, and LGC's default
     phase lengths apply to both variants; LGC_PS runs with its own and the leader's indices."""
     cfgs = sweep_compressors("lgc")
     assert sorted(compressor_name(c) for c in cfgs.values()) == [

@@ -1,6 +1,6 @@
-"""LGC on several Gloo ranks (LGC spec Sec. 11, distributed and training tests): exact means
+"""LGC on several Gloo ranks (distributed and training checks): exact means
 in phase 1, top-k means with stand-in autoencoders, identical aggregates on every rank,
-bytes that match the spec's formulas, and 2- and 4-rank runs of the training entry point."""
+bytes that match the formulas of docs/lgc.md, and 2- and 4-rank runs of the training entry point."""
 
 from statistics import fmean as mean
 
@@ -87,7 +87,7 @@ def check_phases(rank, world_size):
 
 def run_variant(name, model, rank, steps, **options):
     """Train-free run through the three phases; checks that every rank ends each step with
-    the same aggregate and that the bytes match the spec's Sec. 8 formulas."""
+    the same aggregate and that the bytes match the formulas of docs/lgc.md."""
     g = gracecomm.build({"name": name, "ratio": 0.01, "warmup_iters": 1, "ae_train_iters": 2,
                      **options})
     comp, history = g.compressor, []
@@ -133,7 +133,7 @@ def check_variants(rank, world_size):
         for phase, stats in history:
             index = stats["lgc_index_bytes"] if phase > 1 else 0
             index_bytes.append(index)
-            if phase == 2:  # the spec's top-k baseline: F dense, top-k values, DEFLATE indices
+            if phase == 2:  # the top-k baseline: F dense, top-k values, DEFLATE indices
                 assert stats["wire_bytes"] == (4 * plan.n_dense + 4 * (plan.mu + plan.kappa)
                                                + index)
                 topk_bytes.append(stats["wire_bytes"])
@@ -153,7 +153,7 @@ def check_variants(rank, world_size):
             assert [s["lgc_leader_bytes"] for _, s in history] == per_rank[leader].tolist()
         if indices == "leader" and rank != leader:  # phase 2: nothing; phase 3: Idx(P) only
             assert index_bytes[1:3] == [0, 0] and 0 < max(index_bytes[3:]) < 2 * plan.nu
-    if world_size == 2:  # spec Sec. 11, distributed test 6 (reference CNN, alpha 0.01)
+    if world_size == 2:  # reference CNN, alpha 0.01
         means = torch.tensor([sum(rar_bytes) / len(rar_bytes), sum(ps_bytes) / len(ps_bytes),
                               sum(topk_bytes) / len(topk_bytes)], dtype=torch.float64)
         per_rank = [torch.empty_like(means) for _ in range(world_size)]
@@ -242,7 +242,7 @@ def test_lgc_trains_through_its_phases(tmp_path, name, world_size, index_format)
     assert "| lgc_" in table and (f"{name} format=varint |" in table) == (index_format == "varint")
 
 
-# LGC spec Sec. 11 training tests: reference CNN, K = 2, alpha = 0.001, the default phases
+# LGC training checks: reference CNN, K = 2, alpha = 0.001, the default phases
 # (200 dense, 300 top-k + autoencoder training, then compressed), 1000 iterations, lr 0.1,
 # prototypes at noise 1.5 (the data config's default).
 SPEC_TRAINING = ("model=reference_cnn", "data=prototypes", "compressor.ratio=0.001",
@@ -255,7 +255,7 @@ SPEC_TRAINING = ("model=reference_cnn", "data=prototypes", "compressor.ratio=0.0
                                           ("lgc_ps", ("compressor.indices=leader",))])
 def test_lgc_spec_training_run(tmp_path, name, options):
     """Finite losses; RAR's relative reconstruction error rho falls to <= 0.8x its start over
-    phase 2 (measured 0.56x). PS: the spec's check, rho < 1 over the last 50 phase-2 steps
+    phase 2 (measured 0.56x). PS: the phase-3 check, rho < 1 over the last 50 phase-2 steps
     and over phase 3 (the master's own vector, decoded from the leader's latent), which a
     decoder that passes its innovation through meets on its own (rho = rho_innov, about
     0.75): at this scale the PS autoencoder does not learn beyond its innovation (docs/lgc.md),

@@ -1,5 +1,6 @@
-"""Natural compression C_nat: the checks of the spec (natural.md, Sec. 10, items 1-7), the
-wire formats, edge cases and the fused kernel against the torch recipe."""
+"""Natural compression C_nat (Horvath et al., "Natural Compression for Distributed Deep
+Learning"): its properties, the wire formats, edge cases and the fused kernel against the
+torch recipe."""
 
 import math
 

@@ -33,7 +33,7 @@ def test_measured_bits_come_from_the_payloads():
     x = t1.torch.randn(d)
     bits = {a: t1.measured_bits(a, x, q, 3) for a in t1.PAPER}
     assert bits["Baseline"] == 32 * d and bits["C_nat"] == 9 * d
-    # indices packed in ceil(log2 8000) = 13 bits (the spec's Table 1 format) or int32
+    # indices packed in ceil(log2 8000) = 13 bits (bit-packed) or int32
     assert bits["S_q"] == 32 * q + 8 * math.ceil(13 * q / 8)
     assert bits["C_nat o S_q"] == 8 * (q + math.ceil(q / 8)) + 8 * math.ceil(13 * q / 8)
     assert t1.measured_bits("S_q", x, q, 3, packed=False) == 64 * q

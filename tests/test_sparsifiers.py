@@ -1,6 +1,6 @@
 """Threshold sparsifiers (DGC, SIDCo, RedSync, GaussianKSGD), DGC memory and the density
-warm-up: the checks of the sparsifier spec, Sec. 7. Seeded; statistical margins of several
-sigma (the reference values in comments come from the spec's float64 simulation)."""
+warm-up: the estimators' checks. Seeded; statistical margins of several
+sigma (the reference values in comments come from a float64 simulation)."""
 
 import io
 import math
