@@ -218,3 +218,41 @@ def _async(rank: int, world: int, spec: dict) -> None:
                                                                    "rank": 1}, "fp16"])
 def test_async_equals_sync(spec: dict) -> None:
     run_ranks(_async, 4, spec, timeout_s=180)
+
+
+def _walk(rank: int, world: int) -> None:
+    """Every registered compressor x memory x communicator that builds flat (defaults),
+    and DGC's memory clipping by the model's norm: two-level it is refused with a message
+    naming ``hierarchy``, or it runs two steps whose means are finite and the same on every
+    rank."""
+    as_nodes(rank, 2)
+    combos = [(c, m, k) for c in COMPRESSORS.available() for m in MEMORIES.available()
+              for k in COMMUNICATORS.available()]
+    combos.append(("dgc", {"name": "dgc", "clip_norm": 1.0}, "allgather"))
+    refused, worked = [], 0
+    for combo in combos:
+        try:
+            gracecomm.build(*combo)
+        except ConfigError:  # IncompatibleError too: not a combination that works flat
+            continue
+        try:
+            grace = gracecomm.build(*combo, hierarchy="node")
+        except ConfigError as err:
+            assert "hierarchy" in str(err), (combo, err)
+            refused.append(combo)
+            continue
+        means = [torch.cat([m.reshape(-1) for m in grace.step_many(grads(rank, step))])
+                 for step in range(2)]
+        out = torch.cat(means)
+        every = [torch.empty_like(out) for _ in range(world)]
+        dist.all_gather(every, out)
+        assert torch.isfinite(out).all(), combo
+        assert all(torch.equal(e, out) for e in every), combo
+        worked += 1
+    assert refused == [("dgc", {"name": "dgc", "clip_norm": 1.0}, "allgather")]
+    assert worked > 100
+
+
+@pytest.mark.slow
+def test_every_registered_combination_works_or_is_refused() -> None:
+    run_ranks(_walk, 4, timeout_s=600)
