@@ -13,10 +13,12 @@ Distributed Training of Deep Learning on Public Cloud Clusters", MLSys, Sec. 3) 
 
 One exchange (`gracecomm.Grace.start_many`) in three steps:
 
-1. Each tensor (or joined run, or the whole model for a model-level compressor) is owned by
-   one local rank (`assign_owners`: greedy by size, the same on every rank), and every rank
-   reduces its gradients to their owners inside the node (``node_coll_reduce_*``); an owner
-   divides by the ranks per node: the node mean.
+1. Each tensor is owned by one local rank (`assign_owners`: greedy by size, the same on
+   every rank, and for good: its error feedback stays there), the whole model by local
+   rank 0 for a compressor of whole models, and each run of tensors that an elementwise
+   compressor takes joined (fp16) is cut into one piece per local rank; every rank reduces
+   its gradients to their owners inside the node (``node_coll_reduce_*``); an owner divides
+   by the ranks per node: the node mean.
 2. Each owner compensates, compresses, updates its memory and exchanges its tensors with the
    owners of the same tensors on the other nodes, over its cross-node group (the ranks with
    its local rank on every node): the communicator's mean over nodes of the node means is the
@@ -24,9 +26,10 @@ One exchange (`gracecomm.Grace.start_many`) in three steps:
 3. Each owner broadcasts its means inside the node (``node_coll_broadcast_*``).
 
 Whole tensors are assigned rather than shards of a dense reduce-scatter because methods such
-as PowerSGD need a tensor's shape; so that no rank compresses more than its share, the
-assignment balances the elements over the local ranks. A compressor of whole models (LGC)
-is one unit, compressed by local rank 0 of each node.
+as PowerSGD and Top-k need a tensor's shape or its own k; so that no rank compresses more
+than its share, the assignment balances the elements over the local ranks (a tensor larger
+than the rest together is one rank's work). A compressor of whole models (LGC) cannot be
+split: local rank 0 of each node compresses it.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ def check_hierarchy(value: Any, owner: str = "pipeline") -> str:
     return check_choice(value, HIERARCHIES, owner, "hierarchy")
 
 
-def assign_owners(sizes: Sequence[int], owners: int) -> list[int]:
+def assign_owners(sizes: Sequence[int], owners: int,
+                  load: Sequence[int] | None = None) -> list[int]:
     """A balanced assignment of units of work to `owners` (greedy: the largest unit first to
     the owner with the fewest elements so far, ties to the lowest index), the same on every
     rank for the same sizes.
@@ -69,6 +73,7 @@ def assign_owners(sizes: Sequence[int], owners: int) -> list[int]:
     Args:
         sizes: The elements of each unit.
         owners: How many owners share them.
+        load: The elements each owner has already (default none).
 
     Returns:
         The owner of each unit, in order.
@@ -77,7 +82,7 @@ def assign_owners(sizes: Sequence[int], owners: int) -> list[int]:
         >>> assign_owners([10, 3, 3, 4], 2)
         [0, 1, 1, 1]
     """
-    load = [0] * owners
+    load = [0] * owners if load is None else list(load)
     owner = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         owner[i] = min(range(owners), key=lambda o: (load[o], o))

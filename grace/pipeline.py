@@ -123,6 +123,8 @@ class Grace(Stateful):
         for part in (communicator, compressor, memory):
             part.bind(communicator, self.metrics)
         self._layout: NodeLayout | None = None
+        self._owners: dict[str, int] = {}  # the local rank that compresses each tensor
+        self._owner_load: list[int] = []  # the elements each local rank owns
         if self.hierarchy == NODE:
             self.check_two_level()
             self.node_layout()  # now, if the process group is initialised
@@ -152,6 +154,27 @@ class Grace(Stateful):
                               "but hierarchy 'node' makes its groups from the default group; "
                               "leave its group unset or use hierarchy=flat")
 
+    def use_hierarchy(self, hierarchy: str | None) -> None:
+        """Set the ``hierarchy`` option of a built pipeline before its first step (the DDP
+        hook's and the frameworks' option; None keeps the pipeline's).
+
+        Args:
+            hierarchy: ``"flat"``, ``"node"`` or None.
+
+        Raises:
+            ConfigError: An unknown value, a part that cannot run two-level, or a pipeline
+                whose node layout is already gathered with another hierarchy.
+        """
+        if hierarchy is None or check_hierarchy(hierarchy) == self.hierarchy:
+            return
+        if self._layout is not None:
+            raise ConfigError(f"the pipeline already runs with hierarchy {self.hierarchy!r} "
+                              f"({self._layout.shape}); build it with hierarchy={hierarchy}")
+        if hierarchy == NODE:
+            self.check_two_level()
+        self.hierarchy = hierarchy
+        self.node_layout()
+
     def node_layout(self) -> NodeLayout | None:
         """The node layout of ``hierarchy="node"`` (gathered on first use: a collective, see
         the class docstring), or None: the flat exchange (``hierarchy="flat"``, no process
@@ -167,11 +190,13 @@ class Grace(Stateful):
             self._layout = NodeLayout(self.metrics)
             if self._layout.two_level:
                 self.communicator.group = self._layout.cross_group
+                self._owner_load = [0] * self._layout.ranks_per_node
         return self._layout if self._layout.two_level else None
 
     def layout_state(self) -> dict[str, Any]:
         """The node layout as `state_dict` records it: ``hierarchy``, ``nodes`` and
-        ``ranks_per_node`` (None for the flat exchange, which does not gather them)."""
+        ``ranks_per_node`` (None for the flat exchange, which does not gather them), and
+        the two-level exchange's ``owners`` of tensors (`_pieces`) in `state_dict`."""
         self.node_layout()
         layout = self._layout
         return {"hierarchy": self.hierarchy,
@@ -184,7 +209,8 @@ class Grace(Stateful):
         Returns:
             A nested dict of tensors and plain Python values.
         """
-        return {**super().state_dict(), "layout": self.layout_state()}
+        return {**super().state_dict(), "layout": self.layout_state(),
+                "owners": dict(self._owners), "owner_load": list(self._owner_load)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict`'s output (one without ``layout``, written before it was
@@ -206,6 +232,8 @@ class Grace(Stateful):
                               "state covers the tensors it compressed; resume with the same "
                               "hierarchy and node shape")
         super().load_state_dict(state)
+        self._owners = dict(state.get("owners", {}))
+        self._owner_load = list(state.get("owner_load", self._owner_load))
 
     @property
     def needs(self) -> frozenset[Need]:
@@ -350,33 +378,67 @@ class Grace(Stateful):
             return (yield from self._run_rounds(compensated, runs, link))
         return (yield from self._rounds(compensated, link))
 
-    def _units(self, grads: Named) -> list[range]:
-        """What the two-level exchange assigns to one owner: the whole model for a
-        model-level compressor, each run of tensors back to back in memory where the
-        pipeline joins them (`joins_runs`), else each tensor."""
+    def _pieces(self, grads: Named, per_node: int
+                ) -> tuple[Named, list[int], Callable[[list[torch.Tensor]], list[torch.Tensor]]]:
+        """What the two-level exchange compresses, who owns each piece, and how the pieces'
+        means make the tensors' means again.
+
+        A compressor of whole models is one piece, owned by local rank 0. Where the pipeline
+        joins tensors back to back in memory (`joins_runs`: an elementwise compressor, a
+        memory that keeps nothing) each run is cut into `per_node` near-equal pieces, one
+        per local rank: a dense reduce-scatter. Otherwise each tensor is a piece, owned for
+        good by the local rank it was first given to (`assign_owners` against the elements
+        owned so far, recorded in `state_dict`), so that its error feedback stays with it
+        whatever the exchanges it comes in (DDP rebuilds its buckets after the first step).
+        """
         if self.compressor.capabilities().model_level:
-            return [range(len(grads))]
-        if self.joins_runs:
-            return contiguous_runs([t for _, t in grads])
-        return [range(i, i + 1) for i in range(len(grads))]
+            return grads, [0] * len(grads), lambda means: means
+        if not self.joins_runs:
+            for name, grad in grads:
+                if name not in self._owners:
+                    owner = assign_owners([grad.numel()], per_node, self._owner_load)[0]
+                    self._owners[name] = owner
+                    self._owner_load[owner] += grad.numel()
+            return grads, [self._owners[name] for name, _ in grads], lambda means: means
+        runs = contiguous_runs([t for _, t in grads])
+        pieces: list[tuple[str, torch.Tensor]] = []
+        owners: list[int] = []
+        for run in runs:
+            flat = flat_run([grads[i][1] for i in run]).reshape(-1)
+            size, extra = divmod(flat.numel(), per_node)
+            cuts = flat.split([size + (j < extra) for j in range(per_node)])
+            kept = [j for j in range(per_node) if cuts[j].numel()]
+            pieces += [(f"{grads[run.start][0]}/{j}", cuts[j]) for j in kept]
+            owners += kept
+
+        def join(means: list[torch.Tensor]) -> list[torch.Tensor]:
+            out, pos = [], 0
+            for run in runs:
+                count = min(per_node, sum(grads[i][1].numel() for i in run))
+                flat = torch.cat([m.reshape(-1) for m in means[pos:pos + count]])
+                pos += count
+                out += [part.view_as(grads[i][1]) for i, part in
+                        zip(run, flat.split([grads[i][1].numel() for i in run]))]
+            return out
+
+        return pieces, owners, join
 
     def _two_level_rounds(self, grads: Named, layout: NodeLayout, node: Link, cross: Link
                           ) -> Rounds:
-        """The two-level exchange of `grads` (`gracecomm.hierarchy`): each tensor reduced
-        to its owner inside the node (one buffer per owner and dtype), the owner's node means
-        compressed and exchanged across nodes through `cross` (`_compressed_rounds`), and
-        the means broadcast from their owners inside the node; where non-finite steps pass
-        through, the node also sums its ranks' non-finite statuses, so that every rank of
-        every node restores its state."""
+        """The two-level exchange of `grads` (`gracecomm.hierarchy`): each piece
+        (`_pieces`) reduced to its owner inside the node (one buffer per owner and dtype),
+        the owner's node means compressed and exchanged across nodes through `cross`
+        (`_compressed_rounds`), and the means broadcast from their owners inside the node;
+        where non-finite steps pass through, the node also sums its ranks' non-finite
+        statuses, so that every rank of every node restores its state."""
         if not grads:
             return []
         per_node = layout.ranks_per_node
-        units = self._units(grads)
-        owners = assign_owners([sum(grads[i][1].numel() for i in u) for u in units], per_node)
+        tensors, owners, join = self._pieces(grads, per_node)
+        grads = tensors
         shards: dict[tuple[int, torch.dtype], list[int]] = {}
-        for unit, owner in zip(units, owners):
-            for i in unit:
-                shards.setdefault((owner, grads[i][1].dtype), []).append(i)
+        for i, owner in enumerate(owners):
+            shards.setdefault((owner, grads[i][1].dtype), []).append(i)
         buffers = {key: torch.cat([grads[i][1].reshape(-1) for i in idx])
                    for key, idx in shards.items()}
         yield [node.reduce(buf, owner) for (owner, _), buf in buffers.items()]
@@ -401,12 +463,12 @@ class Grace(Stateful):
         yield works
         if int(status):
             self._nonfinite_step = True
-            return [torch.full_like(t, math.nan) for _, t in grads]
+            return join([torch.full_like(t, math.nan) for _, t in grads])
         out: dict[int, torch.Tensor] = {}
         for key, idx in shards.items():
             parts = buffers[key].split([grads[i][1].numel() for i in idx])
             out.update((i, p.view_as(grads[i][1])) for i, p in zip(idx, parts))
-        return [out[i] for i in range(len(grads))]
+        return join([out[i] for i in range(len(grads))])
 
     @property
     def joins_runs(self) -> bool:

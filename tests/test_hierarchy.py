@@ -71,8 +71,13 @@ def _dense_and_topk(rank: int, world: int) -> None:
     # Top-k: node means, per-owner top-k with residual, mean over nodes
     ratio = 0.3
     topk = gracecomm.build({"name": "topk", "ratio": ratio}, hierarchy="node")
-    sizes = [torch.Size(s).numel() for s in SHAPES.values()]
-    owners = assign_owners(sizes, 2)
+    owners, load = [], [0, 0]  # each tensor to the local rank with fewer elements so far
+    for shape in SHAPES.values():
+        owners += assign_owners([torch.Size(shape).numel()], 2, load)
+        load[owners[-1]] += torch.Size(shape).numel()
+    assert topk.step_many(grads(rank, 0)) and topk.state_dict()["owners"] == dict(
+        zip(SHAPES, owners))
+    topk = gracecomm.build({"name": "topk", "ratio": ratio}, hierarchy="node")
     residual = {(n, name): torch.zeros(s) for n in range(2) for name, s in SHAPES.items()}
     for step in range(STEPS):
         out = topk.step_many(grads(rank, step))
