@@ -196,7 +196,11 @@ class Grace(Stateful):
     def layout_state(self) -> dict[str, Any]:
         """The node layout as `state_dict` records it: ``hierarchy``, ``nodes`` and
         ``ranks_per_node`` (None for the flat exchange, which does not gather them), and
-        the two-level exchange's ``owners`` of tensors (`_pieces`) in `state_dict`."""
+        the two-level exchange's ``owners`` of tensors (`_pieces`) in `state_dict`.
+
+        Returns:
+            ``{"hierarchy": ..., "nodes": ..., "ranks_per_node": ...}``.
+        """
         self.node_layout()
         layout = self._layout
         return {"hierarchy": self.hierarchy,

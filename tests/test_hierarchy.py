@@ -261,3 +261,29 @@ def _walk(rank: int, world: int) -> None:
 @pytest.mark.slow
 def test_every_registered_combination_works_or_is_refused() -> None:
     run_ranks(_walk, 4, timeout_s=600)
+
+
+def test_option_in_hook_frameworks_and_trainer_config() -> None:
+    from omegaconf import OmegaConf
+
+    from gracecomm.experiments.training.config import exchange_options
+    from gracecomm.frameworks import pipeline
+
+    model = nn.Linear(3, 2)
+    grace = gracecomm.build("topk")
+    gracecomm.GradientExchange(grace, model, hierarchy="node")
+    assert grace.hierarchy == "node"
+    assert pipeline("topk", None, None, hierarchy="node").hierarchy == "node"
+    assert pipeline(grace, None, None).hierarchy == "node"
+    with pytest.raises(ConfigError, match="hierarchy"):
+        gracecomm.GradientExchange(gracecomm.build("topk"), model, hierarchy="nodes")
+    with pytest.raises(ConfigError, match="memory 'dgc'.*hierarchy=flat"):
+        gracecomm.build("dgc", {"name": "dgc", "clip_norm": 1.0}, hierarchy="node")
+    assert exchange_options(OmegaConf.create({}))["hierarchy"] == "flat"
+    cfg = OmegaConf.create({"exchange": {"hierarchy": "node"}})
+    assert exchange_options(cfg) == {"hierarchy": "node"}
+    with pytest.raises(ConfigError, match="exchange: unknown option 'hierachy' "
+                                          r"\(did you mean 'hierarchy'\?\)"):
+        exchange_options(OmegaConf.create({"exchange": {"hierachy": "node"}}))
+    with pytest.raises(ConfigError, match="exchange: option 'hierarchy' must be one of"):
+        exchange_options(OmegaConf.create({"exchange": {"hierarchy": "nodes"}}))
