@@ -28,7 +28,8 @@ SEVERAL_PROCESSES = (
 
 def register_comm_hook(accelerator: Any, model: Any, grace: Grace,
                        optimizer: torch.optim.Optimizer | None = None, *,
-                       weight_decay: float = 0.0, asynchronous: bool = True) -> GradientExchange:
+                       weight_decay: float = 0.0, asynchronous: bool = True,
+                       hierarchy: str | None = None) -> GradientExchange:
     """Register the hook on the model `accelerator` prepared.
 
     Args:
@@ -38,6 +39,8 @@ def register_comm_hook(accelerator: Any, model: Any, grace: Grace,
         optimizer: the prepared optimizer, checked where a part applies the momentum itself.
         weight_decay: added to the gradients before compression.
         asynchronous: overlap each bucket's exchange with the rest of backward.
+        hierarchy: ``"node"``: reduce dense inside each node and compress only what crosses
+            nodes (`gracecomm.hierarchy`); ``"flat"``; None keeps the pipeline's.
 
     Returns:
         The hook's state; ``grace.metrics.pop()`` after each step gives its figures
@@ -54,7 +57,8 @@ def register_comm_hook(accelerator: Any, model: Any, grace: Grace,
     optimizers = [] if optimizer is None else [getattr(optimizer, "optimizer", optimizer)]
     exchange = attach(model, grace, optimizers, framework="Accelerate",
                       fix=SEVERAL_PROCESSES, weight_decay=weight_decay,
-                      asynchronous=asynchronous, scaler=accelerator.scaler)
+                      asynchronous=asynchronous, scaler=accelerator.scaler,
+                      hierarchy=hierarchy)
     device = accelerator.device
 
     def save(models: Any, weights: Any, output_dir: str) -> None:

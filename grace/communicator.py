@@ -133,7 +133,7 @@ class Communicator(Part, Collectives, ABC, kind="communicator"):
         """
         link = self.link()
         rounds = self.exchange(items, link) if items else nothing()
-        return Exchange(self, rounds, link, [name for _, _, name in items], finish)
+        return Exchange(self, rounds, [link], [name for _, _, name in items], finish)
 
     def send_receive(self, payload: Payload, ctx: Any, name: str) -> torch.Tensor:
         """Send this rank's payload of one tensor and receive the mean over ranks.

@@ -129,6 +129,8 @@ class GradientExchange:
             where a part owns the momentum.
         asynchronous: The hook returns before the bucket's exchange has completed (True),
             or waits for it; both give identical results.
+        hierarchy: ``"flat"`` or ``"node"``: the pipeline's ``hierarchy``, set here before
+            its first step (`Grace.use_hierarchy`); None keeps the pipeline's.
         scaler: The `torch.amp.GradScaler` of a mixed-precision loop; nothing else is
             needed. Compression then sees the gradients divided by its current scale and
             the means are multiplied back, so the compression state (residuals, momentum,
@@ -163,10 +165,12 @@ class GradientExchange:
 
     def __init__(self, grace: Grace, model: nn.Module,
                  optimizer: torch.optim.Optimizer | None = None, *, weight_decay: float = 0.0,
-                 asynchronous: bool = True, scaler: torch.amp.GradScaler | None = None) -> None:
+                 asynchronous: bool = True, scaler: torch.amp.GradScaler | None = None,
+                 hierarchy: str | None = None) -> None:
         if not isinstance(grace, Grace):
             raise ConfigError("the exchange needs a gracecomm.Grace pipeline "
                               f"(gracecomm.build(...)), got {type(grace).__name__}")
+        grace.use_hierarchy(hierarchy)
         check_optimizer(grace, optimizer)
         check_scaler(grace, scaler)
         self.grace = grace
@@ -355,7 +359,8 @@ Hook = Callable[[GradientExchange, dist.GradBucket], torch.futures.Future[torch.
 
 def comm_hook(grace: Grace, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
               *, weight_decay: float = 0.0, asynchronous: bool = True,
-              scaler: torch.amp.GradScaler | None = None) -> tuple[GradientExchange, Hook]:
+              scaler: torch.amp.GradScaler | None = None,
+              hierarchy: str | None = None) -> tuple[GradientExchange, Hook]:
     """The (state, hook) pair for a framework that registers DDP communication hooks itself
     (``DistributedDataParallel.register_comm_hook(state, hook)``, Lightning's
     ``DDPStrategy(ddp_comm_state=state, ddp_comm_hook=hook)``). The options are
@@ -374,6 +379,7 @@ def comm_hook(grace: Grace, model: nn.Module, optimizer: torch.optim.Optimizer |
         weight_decay: Added to the gradients before compression.
         asynchronous: Overlap each bucket's exchange with the rest of backward (True).
         scaler: The `torch.amp.GradScaler` of a mixed-precision loop (`GradientExchange`).
+        hierarchy: ``"flat"`` or ``"node"`` (`GradientExchange`); None keeps the pipeline's.
 
     Returns:
         The hook's state (a `GradientExchange`) and the hook (`grace_hook`).
@@ -389,7 +395,7 @@ def comm_hook(grace: Grace, model: nn.Module, optimizer: torch.optim.Optimizer |
         ```
     """
     state = GradientExchange(grace, model, optimizer, weight_decay=weight_decay,
-                             asynchronous=asynchronous, scaler=scaler)
+                             asynchronous=asynchronous, scaler=scaler, hierarchy=hierarchy)
     expect_hook(state)
     return state, grace_hook
 
@@ -441,7 +447,8 @@ def expect_hook(state: GradientExchange) -> None:
 def register_comm_hook(model: DistributedDataParallel, grace: Grace,
                        optimizer: torch.optim.Optimizer | None = None, *,
                        weight_decay: float = 0.0, asynchronous: bool = True,
-                       scaler: torch.amp.GradScaler | None = None) -> GradientExchange:
+                       scaler: torch.amp.GradScaler | None = None,
+                       hierarchy: str | None = None) -> GradientExchange:
     """Make a DDP model exchange its gradients through a `Grace` pipeline.
 
     The hook is asynchronous, like PyTorch's own: each bucket's exchange overlaps with the
@@ -457,6 +464,8 @@ def register_comm_hook(model: DistributedDataParallel, grace: Grace,
         asynchronous: Overlap each bucket's exchange with the backward pass (True).
         scaler: A mixed-precision loop's `torch.amp.GradScaler`: enough to pass its
             overflow steps through (see `GradientExchange`).
+        hierarchy: ``"node"``: reduce dense inside each node and compress only what
+            crosses nodes (`gracecomm.hierarchy`); ``"flat"``; None keeps the pipeline's.
 
     Returns:
         The hook's state, a `GradientExchange` (its ``error`` holds the exchange's error
@@ -481,6 +490,6 @@ def register_comm_hook(model: DistributedDataParallel, grace: Grace,
                         "that runs one process wraps nothing), or use "
                         "GradientExchange(grace, model, optimizer).step() after backward")
     state = GradientExchange(grace, model.module, optimizer, weight_decay=weight_decay,
-                             asynchronous=asynchronous, scaler=scaler)
+                             asynchronous=asynchronous, scaler=scaler, hierarchy=hierarchy)
     model.register_comm_hook(state, grace_hook)
     return state

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from gracecomm.metrics import Metrics
-from gracecomm.network import bytes_key, calls_key, check_kind
+from gracecomm.network import KINDS, bytes_key, calls_key, check_kind
 from gracecomm.wire import payload_nbytes
 
 
@@ -45,6 +45,9 @@ class CommunicationError(RuntimeError):
 
 Works = Sequence[Any]  # torch.distributed Work objects launched with async_op=True
 Rounds = Generator[Works, None, list[torch.Tensor]]
+
+NODE_PREFIX = "node_"  # of the metrics of collectives inside a node (`gracecomm.hierarchy`)
+NODE_KINDS = (*KINDS, "reduce")  # a node's collectives add reduce (to the tensor's owner)
 
 
 class Link:
@@ -69,9 +72,17 @@ class Link:
         non-finite input instead of passing it through): 1 if its input was non-finite."""
         return [] if self.nonfinite is None else [int(self.nonfinite)]
 
-    def _record(self, kind: str, nbytes: int) -> None:
-        self.comm.metrics.add(calls_key(check_kind(kind)), 1)
-        self.comm.metrics.add(bytes_key(kind), nbytes)
+    def _record(self, kind: str, nbytes: int, source: bool = True) -> None:
+        """Count one collective of `kind` and its message size `nbytes`; inside a node
+        (`NODE_PREFIX`) also ``intra_node_bytes``, the bytes of this rank's own tensor where
+        it is a source of the collective (`source`), as ``wire_bytes`` counts payloads."""
+        prefix = self.comm.metric_prefix
+        if prefix != NODE_PREFIX or kind not in NODE_KINDS:
+            check_kind(kind)
+        self.comm.metrics.add(prefix + calls_key(kind), 1)
+        self.comm.metrics.add(prefix + bytes_key(kind), nbytes)
+        if prefix == NODE_PREFIX:
+            self.comm.metrics.add("intra_node_bytes", nbytes if source else 0)
 
     def all_reduce(self, tensor: torch.Tensor) -> Any:
         """Sum `tensor` over ranks, in place."""
@@ -89,9 +100,18 @@ class Link:
         """Overwrite `tensor` with group rank `src`'s copy (`kind` ``ps_pull`` for a
         parameter server's downlink, charged for the bytes every other rank receives)."""
         nbytes = tensor.numel() * tensor.element_size()
-        self._record(kind, nbytes if kind == "broadcast" else (self.comm.world_size - 1) * nbytes)
+        self._record(kind, nbytes if kind == "broadcast" else (self.comm.world_size - 1) * nbytes,
+                     self.comm.rank == src)
         return dist.broadcast(tensor, src=self.comm.global_rank(src), group=self.group,
                               async_op=True)
+
+    def reduce(self, tensor: torch.Tensor, dst: int) -> Any:
+        """Sum `tensor` over ranks into group rank `dst`'s copy, in place (the others' copies
+        are scratch afterwards), counted as the bytes of `tensor` (``reduce``, a kind of
+        the collectives inside a node)."""
+        self._record("reduce", tensor.numel() * tensor.element_size(), self.comm.rank != dst)
+        return dist.reduce(tensor, dst=self.comm.global_rank(dst), group=self.group,
+                           async_op=True)
 
     def gather(self, tensor: torch.Tensor, dst: int) -> tuple[list[torch.Tensor] | None, Any]:
         """Every rank's `tensor` on group rank `dst` (None elsewhere), counted as the bytes
@@ -105,17 +125,21 @@ class Link:
 
 
 class Exchange:
-    """One started exchange (see the module docstring) of the tensors `names`. `finish`
-    transforms the communicator's means before they are returned (e.g. re-inserting skipped
-    tensors)."""
+    """One started exchange (see the module docstring) of the tensors `names`, whose rounds
+    launch collectives through `links` (one, or a node's and the communicator's for the
+    two-level exchange, `gracecomm.hierarchy`). `finish` transforms the communicator's means
+    before they are returned (e.g. re-inserting skipped tensors); `worker` gives the
+    `Continuations` that `submit` hands it to (default: the communicator's)."""
 
-    def __init__(self, comm: Collectives, rounds: Rounds, link: Link, names: Sequence[str],
-                 finish: Callable[[list[torch.Tensor]], Any] | None = None) -> None:
+    def __init__(self, comm: Collectives, rounds: Rounds, links: Sequence[Link],
+                 names: Sequence[str], finish: Callable[[list[torch.Tensor]], Any] | None = None,
+                 worker: Callable[[], Continuations] | None = None) -> None:
         self.comm = comm
         self.names = names
         self.rounds = rounds
-        self.link = link
+        self.links = links
         self.finish = finish
+        self.worker = comm.continuations if worker is None else worker
         self.future: torch.futures.Future[Any] = torch.futures.Future()
         self.works: Works = ()
         self.submitted = False
@@ -129,9 +153,9 @@ class Exchange:
             result = stop.value if self.finish is None else self.finish(stop.value)
             self.future.set_result(result)
 
-    def _run(self, group: Any, key: str) -> None:
-        """Wait for each round (the time added to `key`), then launch the next on `group`,
-        until the generator returns; any error completes the future with it."""
+    def _run(self, key: str) -> None:
+        """Wait for each round (the time added to `key`), then launch the next, until the
+        generator returns; any error completes the future with it."""
         try:
             while not self.future.done():
                 try:
@@ -144,45 +168,57 @@ class Exchange:
                         f"{self.comm.label} on rank {self.comm.rank}: the exchange of tensors "
                         f"{shown}{more} failed waiting for its peers, which died, hung or are "
                         f"too slow: {err}") from err
-                self.link.group = group
                 self._advance()
         except BaseException as err:  # noqa: BLE001 - handed to whoever waits on the future
             if not self.future.done():
                 self.future.set_exception(err)
 
     def submit(self) -> torch.futures.Future[Any]:
-        """Hand the later rounds to the communicator's `Continuations` (asynchronous);
-        returns `future`."""
+        """Hand the later rounds to the `Continuations` (asynchronous), each link now on
+        the worker's duplicate of its process group; returns `future`."""
         if not self.future.done():
             self.submitted = True
-            self.comm.continuations().put(self)
+            worker = self.worker()
+            for link in self.links:
+                link.group = worker.duplicate(link.group)
+            worker.put(self)
         return self.future
 
     def wait(self) -> Any:
         """The result, running the later rounds on this thread unless they were submitted."""
         if not self.submitted:
-            self._run(self.link.group, "comm_s")
+            self._run("comm_s")
         return self.future.wait()
 
 
 class Continuations:
     """One worker thread that runs the later rounds of submitted exchanges in submission
-    order, on its own process group (created here, collectively: every rank must construct
-    it at the same point)."""
+    order, on duplicates of the process groups they use, created here collectively: every
+    rank constructs it at the same point with the same `groups`, (ranks, group) pairs where
+    ranks are the group's global ranks (None: the whole world) and group is this rank's
+    process group for them, or None where this rank is not a member. A process group used
+    from two threads would mix their collectives' order."""
 
-    def __init__(self, group: Any) -> None:
-        ranks = None if group is None else dist.get_process_group_ranks(group)
-        self.group = dist.new_group(ranks=ranks, backend=dist.get_backend(group))
+    def __init__(self, groups: Sequence[tuple[Sequence[int] | None, Any]]) -> None:
+        self._duplicates: list[tuple[Any, Any]] = []
+        for ranks, group in groups:
+            duplicate = dist.new_group(ranks=ranks, backend=dist.get_backend(group))
+            if group is not None or ranks is None:
+                self._duplicates.append((group, duplicate))
         self._queue: queue.SimpleQueue[Exchange] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="grace-exchange", daemon=True)
         self._thread.start()
+
+    def duplicate(self, group: Any) -> Any:
+        """The worker's duplicate of one of this rank's process groups."""
+        return next(dup for original, dup in self._duplicates if original is group)
 
     def put(self, exchange: Exchange) -> None:
         self._queue.put(exchange)
 
     def _serve(self) -> None:
         while True:  # the training thread goes on meanwhile: not time it spent waiting
-            self._queue.get()._run(self.group, "comm_async_s")
+            self._queue.get()._run("comm_async_s")
 
 
 
@@ -203,6 +239,7 @@ class Collectives:
     group: Any = None
     metrics: Metrics
     label: str
+    metric_prefix = ""  # of its ``coll_<kind>_...`` metrics (`NODE_PREFIX` inside a node)
     _continuations: Continuations | None = None  # this instance's, created on first use
 
     # -- process group --------------------------------------------------------------------
@@ -252,7 +289,8 @@ class Collectives:
             This instance's `Continuations`.
         """
         if self._continuations is None:
-            self._continuations = Continuations(self.group)
+            ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
+            self._continuations = Continuations([(ranks, self.group)])
         return self._continuations
 
     # -- accounted collectives ------------------------------------------------------------

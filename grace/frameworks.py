@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gracecomm.ddp import GradientExchange, check_optimizer, register_comm_hook
+from gracecomm.hierarchy import FLAT
 from gracecomm.pipeline import Grace, Spec, build
 from gracecomm.state import load_state
 from gracecomm.validation import ConfigError
@@ -32,19 +33,23 @@ PREFIX = "gracecomm/"  # of the metrics a framework logs
 
 
 def pipeline(compressor: Spec | Grace, memory: Spec, communicator: Spec, *,
-             check_finite: bool = True) -> Grace:
-    """A built pipeline as given, or `gracecomm.build` of the part specs."""
+             check_finite: bool = True, hierarchy: str | None = None) -> Grace:
+    """A built pipeline as given (its ``hierarchy`` set where given,
+    `Grace.use_hierarchy`), or `gracecomm.build` of the part specs."""
     if isinstance(compressor, Grace):
         if memory is not None or communicator is not None:
             raise ConfigError("a built pipeline (gracecomm.Grace) was given with a memory or "
                               "communicator: give the parts to build, or the pipeline alone")
+        compressor.use_hierarchy(hierarchy)
         return compressor
-    return build(compressor, memory, communicator, check_finite=check_finite)
+    return build(compressor, memory, communicator, check_finite=check_finite,
+                 hierarchy=FLAT if hierarchy is None else hierarchy)
 
 
 def attach(model: Any, grace: Grace, optimizers: Sequence[torch.optim.Optimizer], *,
            framework: str, fix: str, weight_decay: float = 0.0, asynchronous: bool = True,
-           scaler: torch.amp.GradScaler | None = None) -> GradientExchange:
+           scaler: torch.amp.GradScaler | None = None,
+           hierarchy: str | None = None) -> GradientExchange:
     """`register_comm_hook` on the model `framework` wrapped, checking every optimizer it
     created; a model that is not DDP (the framework runs one process) is refused with `fix`
     (how to start several)."""
@@ -56,7 +61,7 @@ def attach(model: Any, grace: Grace, optimizers: Sequence[torch.optim.Optimizer]
         check_optimizer(grace, optimizer)
     return register_comm_hook(model, grace, optimizers[0] if optimizers else None,
                               weight_decay=weight_decay, asynchronous=asynchronous,
-                              scaler=scaler)
+                              scaler=scaler, hierarchy=hierarchy)
 
 
 def logged_metrics(stats: Mapping[str, float]) -> dict[str, float]:

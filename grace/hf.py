@@ -53,6 +53,8 @@ class GraceTrainer(Trainer):
         weight_decay: added to the gradients before compression, where a part applies the
             momentum itself (the optimizer then runs with neither).
         asynchronous: overlap each bucket's exchange with the rest of backward.
+        hierarchy: ``"node"``: reduce dense inside each node and compress only what crosses
+            nodes (`gracecomm.hierarchy`); ``"flat"``; None: the pipeline's (flat for specs).
         **kwargs: the Trainer's.
 
     Raises:
@@ -68,9 +70,10 @@ class GraceTrainer(Trainer):
     """
 
     def __init__(self, *args: Any, grace: Spec | Grace = "none", weight_decay: float = 0.0,
-                 asynchronous: bool = True, **kwargs: Any) -> None:
+                 asynchronous: bool = True, hierarchy: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.grace = pipeline(grace, None, None)
+        self.grace = pipeline(grace, None, None, hierarchy=hierarchy)
         # what is known now is refused now, before `train` starts the framework's machinery
         if self.optimizer is not None:  # given; else the Trainer creates it in `train`
             check_optimizer(self.grace, self.optimizer)

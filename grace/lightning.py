@@ -51,6 +51,8 @@ class GraceStrategy(DDPStrategy):
         weight_decay: added to the gradients before compression, where a part applies the
             momentum itself (the optimizer then runs with neither).
         asynchronous: overlap each bucket's exchange with the rest of backward.
+        hierarchy: ``"node"``: reduce dense inside each node and compress only what crosses
+            nodes (`gracecomm.hierarchy`); ``"flat"``; None: the pipeline's (flat for specs).
         log_metrics: log ``gracecomm/wire_bytes``, ``gracecomm/dense_bytes``,
             ``gracecomm/compression_factor``, ``gracecomm/compression_s`` and
             ``gracecomm/comm_s`` every step through Lightning's loggers.
@@ -72,7 +74,7 @@ class GraceStrategy(DDPStrategy):
     def __init__(self, compressor: Spec | Grace = "none", memory: Spec = None,
                  communicator: Spec = None, *, check_finite: bool = True,
                  weight_decay: float = 0.0, asynchronous: bool = True, log_metrics: bool = True,
-                 **kwargs: Any) -> None:
+                 hierarchy: str | None = None, **kwargs: Any) -> None:
         given = [key for key in HOOK_OPTIONS if kwargs.get(key) is not None]
         if given:
             raise ConfigError(f"GraceStrategy registers the gracecomm hook itself, so it "
@@ -80,7 +82,8 @@ class GraceStrategy(DDPStrategy):
                               "GraceStrategy(compressor, memory, communicator), or use "
                               "DDPStrategy for another hook")
         super().__init__(**kwargs)
-        self.grace = pipeline(compressor, memory, communicator, check_finite=check_finite)
+        self.grace = pipeline(compressor, memory, communicator, check_finite=check_finite,
+                              hierarchy=hierarchy)
         self.weight_decay = weight_decay
         self.asynchronous = asynchronous
         self.log_metrics = log_metrics

@@ -16,9 +16,18 @@ Keys written by the core:
 - ``exchanges``: calls that exchanged payloads (one per DDP bucket, or one per `step_many`).
 - ``coll_<kind>_calls``, ``coll_<kind>_bytes``: collectives issued and their message sizes,
   for the network cost model (`gracecomm.network`; kinds allreduce, allgather, broadcast,
-  ps_push, ps_pull).
+  ps_push, ps_pull). With the two-level exchange (`gracecomm.hierarchy`) these are the
+  collectives across nodes, and those inside a node are ``node_coll_<kind>_calls`` and
+  ``node_coll_<kind>_bytes`` (the same kinds and message sizes, and ``reduce``: the bytes
+  of the tensor reduced).
+- ``intra_node_bytes``: bytes of this rank's tensors it sent into collectives inside its
+  node (two-level exchange only; a reduce's destination and a broadcast's receivers send
+  none).
 
-Derived on `pop()`: ``compression_factor`` = dense_bytes / wire_bytes (not a compressor's
+Derived on `pop()`: ``cross_node_bytes`` = sent_bytes (what the communicator sent: across
+nodes with the two-level exchange; the flat exchange does not know the nodes, so it counts
+every byte as crossing) beside ``intra_node_bytes`` (0 where nothing was sent inside a node),
+``compression_factor`` = dense_bytes / wire_bytes (not a compressor's
 ``ratio``, the fraction it keeps) and, where a sparsifier reported
 ``k_hat`` and ``k``, ``quality`` = k_hat / k (the estimation quality of threshold methods).
 """
@@ -133,13 +142,17 @@ class Metrics:
         """This step's statistics; a new step starts.
 
         Returns:
-            The sums, the derived ``compression_factor`` and ``quality`` (module
-            docstring), and ``<key>_mean``, ``<key>_p5``, ``<key>_p95`` of each sampled key.
+            The sums, the derived ``cross_node_bytes``, ``intra_node_bytes``,
+            ``compression_factor`` and ``quality`` (module docstring), and
+            ``<key>_mean``, ``<key>_p5``, ``<key>_p95`` of each sampled key.
         """
         with self._lock:
             sums, samples = self._sums, self._samples
             self._sums, self._samples = defaultdict(float), defaultdict(list)
         out = dict(sums)
+        if "sent_bytes" in out or "intra_node_bytes" in out:
+            out["cross_node_bytes"] = out.get("sent_bytes", 0.0)
+            out.setdefault("intra_node_bytes", 0.0)
         if out.get("wire_bytes", 0) > 0 and "dense_bytes" in out:
             out["compression_factor"] = out["dense_bytes"] / out["wire_bytes"]
         if out.get("k", 0) > 0 and "k_hat" in out:

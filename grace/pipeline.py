@@ -19,6 +19,7 @@ from gracecomm.communicator import Communicator, Item
 from gracecomm.compressor import Compressor, Payload
 from gracecomm.config import instantiate
 from gracecomm.exchange import Exchange, Link, Rounds, Works
+from gracecomm.hierarchy import FLAT, NODE, NodeLayout, assign_owners, check_hierarchy
 from gracecomm.memory import Memory
 from gracecomm.metrics import Metrics
 from gracecomm.needs import Need
@@ -56,7 +57,15 @@ class Grace(Stateful):
     DDP hook and custom loops) takes care of the rest.
 
     `state_dict` holds everything needed to resume bit-identically: the three parts' states
-    (plain tensors and Python values; loadable with ``weights_only=True``).
+    (plain tensors and Python values; loadable with ``weights_only=True``) and the node
+    layout they were written on (``layout``: hierarchy, nodes, ranks_per_node).
+
+    With ``hierarchy="node"`` the exchange has two levels (`gracecomm.hierarchy`): dense
+    inside a node, compressed once per node across nodes, each rank compressing (and keeping
+    the error feedback of) the share of the tensors it owns. The node layout is gathered
+    once, when the pipeline is built if the default process group is initialised, else at
+    the first step (or `state_dict`): every rank must get there at the same point. One rank
+    per node, or one node, is the flat exchange.
 
     Most users build one with `build`; the constructor takes instances.
 
@@ -66,9 +75,13 @@ class Grace(Stateful):
         communicator: The communicator that carries its payloads (`Communicator`).
         check_finite: Raise `NonFiniteError` on a non-finite tensor (True), or pass
             non-finite steps through (False; see above).
+        hierarchy: ``"flat"`` (every rank compresses everything) or ``"node"`` (two
+            levels, see above).
 
     Raises:
-        ConfigError: A part is not an instance of its role's base class.
+        ConfigError: A part is not an instance of its role's base class, `hierarchy` is
+            unknown, a part cannot run two-level (`check_two_level`), or the nodes have
+            different numbers of ranks.
         IncompatibleError: The memory or the communicator cannot work with the compressor
             (e.g. allreduce with Top-k, whose payloads cannot be summed).
 
@@ -91,7 +104,7 @@ class Grace(Stateful):
     child_attrs = ("compressor", "memory", "communicator")
 
     def __init__(self, compressor: Compressor, memory: Memory, communicator: Communicator,
-                 *, check_finite: bool = True) -> None:
+                 *, check_finite: bool = True, hierarchy: str = FLAT) -> None:
         for obj, base, what in ((compressor, Compressor, "compressor"), (memory, Memory, "memory"),
                                 (communicator, Communicator, "communicator")):
             if not isinstance(obj, base):
@@ -101,6 +114,7 @@ class Grace(Stateful):
         self.memory = memory
         self.communicator = communicator
         self.check_finite = bool(check_finite)
+        self.hierarchy = check_hierarchy(hierarchy)
         self.metrics = Metrics()
         self._before_step: dict[str, Any] | None = None  # the state to restore (pass-through)
         self._nonfinite_step = False
@@ -108,12 +122,122 @@ class Grace(Stateful):
         communicator.attach(compressor)
         for part in (communicator, compressor, memory):
             part.bind(communicator, self.metrics)
+        self._layout: NodeLayout | None = None
+        self._owners: dict[str, int] = {}  # the local rank that compresses each tensor
+        self._owner_load: list[int] = []  # the elements each local rank owns
+        if self.hierarchy == NODE:
+            self.check_two_level()
+            self.node_layout()  # now, if the process group is initialised
         compressor.warm_up()  # its kernels are loaded now, not in the first step
 
     def __repr__(self) -> str:
         return (f"Grace(compressor={self.compressor.registry_name!r}, "
                 f"memory={self.memory.registry_name!r}, "
-                f"communicator={self.communicator.registry_name!r})")
+                f"communicator={self.communicator.registry_name!r}"
+                + (f", hierarchy={self.hierarchy!r})" if self.hierarchy != FLAT else ")"))
+
+    def check_two_level(self) -> None:
+        """Refuse the parts that cannot run ``hierarchy="node"``, before any step.
+
+        Raises:
+            ConfigError: A part needs the norm of all local gradients (each rank compresses
+                only its share of the node's mean), or the communicator runs on a process
+                group of its own (the two levels' groups are made from the default group).
+        """
+        if Need.GLOBAL_NORM in self.needs:
+            raise ConfigError(f"{self.needed_by(Need.GLOBAL_NORM)} clips by the norm of all "
+                              "local gradients, which no rank has with hierarchy 'node' (each "
+                              "compresses its share of the node's mean); use hierarchy=flat, "
+                              "or clip_scope=tensor")
+        if self.communicator.group is not None:
+            raise ConfigError(f"{self.communicator.label} runs on a process group of its own, "
+                              "but hierarchy 'node' makes its groups from the default group; "
+                              "leave its group unset or use hierarchy=flat")
+
+    def use_hierarchy(self, hierarchy: str | None) -> None:
+        """Set the ``hierarchy`` option of a built pipeline before its first step (the DDP
+        hook's and the frameworks' option; None keeps the pipeline's).
+
+        Args:
+            hierarchy: ``"flat"``, ``"node"`` or None.
+
+        Raises:
+            ConfigError: An unknown value, a part that cannot run two-level, or a pipeline
+                whose node layout is already gathered with another hierarchy.
+        """
+        if hierarchy is None or check_hierarchy(hierarchy) == self.hierarchy:
+            return
+        if self._layout is not None:
+            raise ConfigError(f"the pipeline already runs with hierarchy {self.hierarchy!r} "
+                              f"({self._layout.shape}); build it with hierarchy={hierarchy}")
+        if hierarchy == NODE:
+            self.check_two_level()
+        self.hierarchy = hierarchy
+        self.node_layout()
+
+    def node_layout(self) -> NodeLayout | None:
+        """The node layout of ``hierarchy="node"`` (gathered on first use: a collective, see
+        the class docstring), or None: the flat exchange (``hierarchy="flat"``, no process
+        group, or the layout has one level). The communicator then runs on this rank's
+        cross-node group.
+
+        Returns:
+            The `gracecomm.hierarchy.NodeLayout` where the exchange has two levels.
+        """
+        if self.hierarchy == FLAT or not self.communicator.distributed:
+            return None
+        if self._layout is None:
+            self._layout = NodeLayout(self.metrics)
+            if self._layout.two_level:
+                self.communicator.group = self._layout.cross_group
+                self._owner_load = [0] * self._layout.ranks_per_node
+        return self._layout if self._layout.two_level else None
+
+    def layout_state(self) -> dict[str, Any]:
+        """The node layout as `state_dict` records it: ``hierarchy``, ``nodes`` and
+        ``ranks_per_node`` (None for the flat exchange, which does not gather them), and
+        the two-level exchange's ``owners`` of tensors (`_pieces`) in `state_dict`.
+
+        Returns:
+            ``{"hierarchy": ..., "nodes": ..., "ranks_per_node": ...}``.
+        """
+        self.node_layout()
+        layout = self._layout
+        return {"hierarchy": self.hierarchy,
+                "nodes": None if layout is None else layout.nodes,
+                "ranks_per_node": None if layout is None else layout.ranks_per_node}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The parts' states and the node layout (class docstring).
+
+        Returns:
+            A nested dict of tensors and plain Python values.
+        """
+        return {**super().state_dict(), "layout": self.layout_state(),
+                "owners": dict(self._owners), "owner_load": list(self._owner_load)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict`'s output (one without ``layout``, written before it was
+        recorded, is of the flat exchange).
+
+        Args:
+            state: A state dict of a pipeline of the same parts.
+
+        Raises:
+            ConfigError: It was written with another hierarchy or node shape: each rank's
+                state covers the tensors it compressed (the message names both).
+        """
+        saved = dict(state.get("layout", {"hierarchy": FLAT, "nodes": None,
+                                          "ranks_per_node": None}))
+        here = self.layout_state()
+        if saved != here:
+            raise ConfigError(f"the compression state was written with {layout_text(saved)}, "
+                              f"this pipeline runs with {layout_text(here)}: each rank's "
+                              "state covers the tensors it compressed; resume with the same "
+                              "hierarchy and node shape")
+        super().load_state_dict(state)
+        self._owners = dict(state.get("owners", {}))
+        self._owner_load = list(state.get("owner_load", self._owner_load))
 
     @property
     def needs(self) -> frozenset[Need]:
@@ -214,6 +338,7 @@ class Grace(Stateful):
         dense = sum(g.numel() * g.element_size() for _, g in named)
         metrics.add("dense_bytes", dense)
         metrics.add("tensors", len(named))
+        layout = self.node_layout()
         if not self.check_finite and self._before_step is None:
             self._before_step = snapshot(self.state_dict())
         if Need.GLOBAL_NORM in self.memory.needs():
@@ -221,30 +346,133 @@ class Grace(Stateful):
             self.memory.set_local_norm(float(torch.linalg.vector_norm(norms)))
         # detached: no state a part keeps may hold an autograd graph
         live = [(name, grad.detach().contiguous()) for name, grad in named if grad.numel()]
-        with metrics.timer("memory_s"):
-            compensated = self.memory.compensate_many(live)
-        runs = contiguous_runs([t for _, t in compensated])
-        finite = self._finite(live, compensated, runs)
-        if not finite:  # compressed as zeros; the step's state is restored at `end_step`
-            compensated = [(name, torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0))
-                           for name, t in compensated]
-            runs = [range(i, i + 1) for i in range(len(compensated))]
         if live:
             metrics.add("exchanges", 1)  # the dense-allreduce baseline of gracecomm.network
-        link = self.communicator.link(None if self.check_finite else not finite)
-        link.max_nbytes = 4 * dense + 65536  # no peer's payload may announce more
-        if self.compressor.capabilities().model_level:
-            rounds = self._model_rounds(compensated, link)
-        elif self.joins_runs:
-            rounds = self._run_rounds(compensated, runs, link)
-        else:
-            rounds = self._rounds(compensated, link)
+        link = self.communicator.link()
+        names = [name for name, _ in live]
 
         def merge(means: list[torch.Tensor]) -> list[torch.Tensor]:
             received = iter(means)  # an empty tensor has the same shape on every rank
             return [next(received) if grad.numel() else grad.clone() for _, grad in named]
 
-        return Exchange(self.communicator, rounds, link, [name for name, _ in live], merge)
+        if layout is not None:
+            node = layout.node_comm.link(None if self.check_finite else False)
+            return Exchange(self.communicator, self._two_level_rounds(live, layout, node, link),
+                            [node, link], names, merge, layout.continuations)
+        link.max_nbytes = 4 * dense + 65536  # no peer's payload may announce more
+        return Exchange(self.communicator, self._compressed_rounds(live, link), [link], names,
+                        merge)
+
+    def _compressed_rounds(self, grads: Named, link: Link) -> Rounds:
+        """Memory compensation, the finiteness check and the rounds that compress and
+        exchange `grads` (`_rounds`, `_run_rounds` or `_model_rounds`) through `link`,
+        whose non-finite status is set here where non-finite steps pass through."""
+        with self.metrics.timer("memory_s"):
+            compensated = self.memory.compensate_many(grads)
+        runs = contiguous_runs([t for _, t in compensated])
+        finite = self._finite(grads, compensated, runs)
+        if not finite:  # compressed as zeros; the step's state is restored at `end_step`
+            compensated = [(name, torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0))
+                           for name, t in compensated]
+            runs = [range(i, i + 1) for i in range(len(compensated))]
+        link.nonfinite = None if self.check_finite else not finite
+        if self.compressor.capabilities().model_level:
+            return (yield from self._model_rounds(compensated, link))
+        if self.joins_runs:
+            return (yield from self._run_rounds(compensated, runs, link))
+        return (yield from self._rounds(compensated, link))
+
+    def _pieces(self, grads: Named, per_node: int
+                ) -> tuple[Named, list[int], Callable[[list[torch.Tensor]], list[torch.Tensor]]]:
+        """What the two-level exchange compresses, who owns each piece, and how the pieces'
+        means make the tensors' means again.
+
+        A compressor of whole models is one piece, owned by local rank 0. Where the pipeline
+        joins tensors back to back in memory (`joins_runs`: an elementwise compressor, a
+        memory that keeps nothing) each run is cut into `per_node` near-equal pieces, one
+        per local rank: a dense reduce-scatter. Otherwise each tensor is a piece, owned for
+        good by the local rank it was first given to (`assign_owners` against the elements
+        owned so far, recorded in `state_dict`), so that its error feedback stays with it
+        whatever the exchanges it comes in (DDP rebuilds its buckets after the first step).
+        """
+        if self.compressor.capabilities().model_level:
+            return grads, [0] * len(grads), lambda means: means
+        if not self.joins_runs:
+            for name, grad in grads:
+                if name not in self._owners:
+                    owner = assign_owners([grad.numel()], per_node, self._owner_load)[0]
+                    self._owners[name] = owner
+                    self._owner_load[owner] += grad.numel()
+            return grads, [self._owners[name] for name, _ in grads], lambda means: means
+        runs = contiguous_runs([t for _, t in grads])
+        pieces: list[tuple[str, torch.Tensor]] = []
+        owners: list[int] = []
+        for run in runs:
+            flat = flat_run([grads[i][1] for i in run]).reshape(-1)
+            size, extra = divmod(flat.numel(), per_node)
+            cuts = flat.split([size + (j < extra) for j in range(per_node)])
+            kept = [j for j in range(per_node) if cuts[j].numel()]
+            pieces += [(f"{grads[run.start][0]}/{j}", cuts[j]) for j in kept]
+            owners += kept
+
+        def join(means: list[torch.Tensor]) -> list[torch.Tensor]:
+            out, pos = [], 0
+            for run in runs:
+                count = min(per_node, sum(grads[i][1].numel() for i in run))
+                flat = torch.cat([m.reshape(-1) for m in means[pos:pos + count]])
+                pos += count
+                out += [part.view_as(grads[i][1]) for i, part in
+                        zip(run, flat.split([grads[i][1].numel() for i in run]))]
+            return out
+
+        return pieces, owners, join
+
+    def _two_level_rounds(self, grads: Named, layout: NodeLayout, node: Link, cross: Link
+                          ) -> Rounds:
+        """The two-level exchange of `grads` (`gracecomm.hierarchy`): each piece
+        (`_pieces`) reduced to its owner inside the node (one buffer per owner and dtype),
+        the owner's node means compressed and exchanged across nodes through `cross`
+        (`_compressed_rounds`), and the means broadcast from their owners inside the node;
+        where non-finite steps pass through, the node also sums its ranks' non-finite
+        statuses, so that every rank of every node restores its state."""
+        if not grads:
+            return []
+        per_node = layout.ranks_per_node
+        tensors, owners, join = self._pieces(grads, per_node)
+        grads = tensors
+        shards: dict[tuple[int, torch.dtype], list[int]] = {}
+        for i, owner in enumerate(owners):
+            shards.setdefault((owner, grads[i][1].dtype), []).append(i)
+        buffers = {key: torch.cat([grads[i][1].reshape(-1) for i in idx])
+                   for key, idx in shards.items()}
+        yield [node.reduce(buf, owner) for (owner, _), buf in buffers.items()]
+        owned: dict[int, torch.Tensor] = {}
+        for key, idx in shards.items():
+            if key[0] == layout.local_rank:
+                parts = buffers[key].div_(per_node).split([grads[i][1].numel() for i in idx])
+                owned.update((i, p.view_as(grads[i][1])) for i, p in zip(idx, parts))
+        mine = sorted(owned)
+        cross.max_nbytes = 4 * sum(t.numel() * t.element_size() for t in owned.values()) + 65536
+        means = yield from self._compressed_rounds([(grads[i][0], owned[i]) for i in mine],
+                                                   cross)
+        mean_of = dict(zip(mine, means))
+        for key, idx in shards.items():
+            buffers[key] = (torch.cat([mean_of[i].reshape(-1) for i in idx])
+                            if key[0] == layout.local_rank else torch.empty_like(buffers[key]))
+        works = [node.broadcast(buf, owner) for (owner, _), buf in buffers.items()]
+        status = torch.tensor([int(cross.any_nonfinite)], dtype=torch.int32,
+                              device=grads[0][1].device)
+        if node.status:
+            works.append(node.all_reduce(status))
+        yield works
+        if int(status):
+            self._nonfinite_step = True
+            return join([torch.full_like(t, math.nan) for _, t in grads])
+        out: dict[int, torch.Tensor] = {}
+        for key, idx in shards.items():
+            parts = buffers[key].split([grads[i][1].numel() for i in idx])
+            out.update((i, p.view_as(grads[i][1])) for i, p in zip(idx, parts))
+        return join([out[i] for i in range(len(grads))])
 
     @property
     def joins_runs(self) -> bool:
@@ -396,6 +624,14 @@ class Grace(Stateful):
 
 
 
+def layout_text(layout: Mapping[str, Any]) -> str:
+    """A recorded node layout (`Grace.layout_state`) in words, for messages."""
+    if layout.get("nodes") is None:
+        return f"hierarchy {layout.get('hierarchy')!r}"
+    return (f"hierarchy {layout.get('hierarchy')!r} on {layout['nodes']} node(s) x "
+            f"{layout.get('ranks_per_node')} rank(s)")
+
+
 def snapshot(state: Any) -> Any:
     """A copy of a nested state dict whose containers are new and whose tensors are the
     parts' own: valid as long as the parts replace their state tensors instead of writing
@@ -445,7 +681,7 @@ def make_part(spec: Spec, registry: Registry, base: type) -> Any:
 
 
 def build(compressor: Spec = "none", memory: Spec = None, communicator: Spec = None,
-          *, check_finite: bool = True) -> Grace:
+          *, check_finite: bool = True, hierarchy: str = FLAT) -> Grace:
     """Assemble a pipeline from names, mappings, Hydra configs or instances.
 
     This is the one place where a compressor's default memory and communicator are applied
@@ -463,6 +699,9 @@ def build(compressor: Spec = "none", memory: Spec = None, communicator: Spec = N
             compressor's default.
         check_finite: Raise `NonFiniteError` on a non-finite gradient (True), or let a
             step with one pass through for a loss scaler to skip (False; see `Grace`).
+        hierarchy: ``"flat"`` (the default) or ``"node"``: reduce dense inside each node
+            and compress only what crosses nodes (`gracecomm.hierarchy`; with an initialised
+            process group the node layout is gathered here, collectively).
 
     Returns:
         The assembled `Grace` pipeline, its compressor's kernels already loaded.
@@ -486,7 +725,7 @@ def build(compressor: Spec = "none", memory: Spec = None, communicator: Spec = N
     mem = make_part(default_part(memory, caps.default_memory), MEMORIES, Memory)
     comm = make_part(default_part(communicator, caps.default_communicator), COMMUNICATORS,
                      Communicator)
-    return Grace(comp, mem, comm, check_finite=check_finite)
+    return Grace(comp, mem, comm, check_finite=check_finite, hierarchy=hierarchy)
 
 
 AUTO = "auto"  # a memory or communicator chosen by the compressor

@@ -10,6 +10,7 @@ import inspect
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -32,6 +33,7 @@ from gracecomm.experiments.training.launch import launched_externally
 from gracecomm.experiments.training.resume import resume_changes
 from gracecomm.experiments.training.torch_hooks import check_torch_exchange
 from gracecomm.experiments.workloads.tasks import make_task
+from gracecomm.hierarchy import FLAT, check_hierarchy
 from gracecomm.network import (
     Network,
     networks,
@@ -76,7 +78,8 @@ def build_grace(cfg: DictConfig) -> Grace:
     resolve_parts(cfg, compressor)
     return build(compressor, instantiate(cfg.memory, allow_any_target=allow),
                  instantiate(cfg.communicator, allow_any_target=allow),
-                 check_finite=bool(cfg.get("check_finite", True)))
+                 check_finite=bool(cfg.get("check_finite", True)),
+                 hierarchy=exchange_options(cfg)["hierarchy"])
 
 
 def part_config(group: str, name: str) -> DictConfig:
@@ -179,6 +182,24 @@ def check_trainer_options(trainer: DictConfig) -> None:
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"trainer: unknown option '{key}'{hint}; the options are "
                               f"{', '.join(known)}")
+
+
+EXCHANGE_DEFAULTS = {"hierarchy": FLAT}  # configs/train.yaml's ``exchange:`` node
+
+
+def exchange_options(cfg: DictConfig) -> dict[str, Any]:
+    """The ``exchange.*`` options (configs/train.yaml), defaults filled in, checked: an
+    unknown key is refused with the closest known one, a bad value with the allowed ones."""
+    given = cfg.get("exchange") or {}
+    for key in given:
+        if key not in EXCHANGE_DEFAULTS:
+            close = difflib.get_close_matches(str(key), list(EXCHANGE_DEFAULTS), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"exchange: unknown option '{key}'{hint}; the options are "
+                              f"{', '.join(EXCHANGE_DEFAULTS)}")
+    options = {**EXCHANGE_DEFAULTS, **given}
+    check_hierarchy(options["hierarchy"], "exchange")
+    return options
 
 
 def check_logger(logger: DictConfig) -> None:

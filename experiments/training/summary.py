@@ -12,9 +12,12 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from gracecomm.exchange import NODE_KINDS, NODE_PREFIX
 from gracecomm.network import (
     COLLECTIVE_KEYS,
     Network,
+    bytes_key,
+    calls_key,
     overhead_time,
     project,
 )
@@ -23,8 +26,12 @@ from gracecomm.validation import (
     check_choice,
 )
 
+# the two-level exchange's collectives inside a node (gracecomm.hierarchy)
+NODE_COLLECTIVE_KEYS = tuple(NODE_PREFIX + key(k) for k in NODE_KINDS
+                             for key in (calls_key, bytes_key))
 SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "downlink_bytes", "compress_s",
-               "decompress_s", "memory_s", "comm_s", "step_s", "exchanges", *COLLECTIVE_KEYS)
+               "decompress_s", "memory_s", "comm_s", "step_s", "exchanges", *COLLECTIVE_KEYS,
+               "cross_node_bytes", "intra_node_bytes", *NODE_COLLECTIVE_KEYS)
 STARTUP = "startup_"  # prefix of the totals of start-up steps (see `accumulate`)
 
 
@@ -129,6 +136,11 @@ def format_summary(s: dict[str, Any], run_dir: str) -> str:
     if down:
         lines.append(row("downlink / step", f"{format_bytes(down)} to every rank (compression "
                                             f"factor {s['compression_factor_down']:.1f}x)"))
+    if s.get("intra_node_bytes_per_step"):  # the two-level exchange (exchange.hierarchy=node)
+        lines.append(row("per level / step",
+                         f"{format_bytes(s['cross_node_bytes_per_step'])} across nodes, "
+                         f"{format_bytes(s['intra_node_bytes_per_step'])} inside the node, "
+                         "per rank"))
     lines += [
         row("compression / step", f"{1e3 * s['overhead_s_per_step']:.2f} ms (compress "
                                   f"{1e3 * s['compress_s_per_step']:.2f}, decompress "
