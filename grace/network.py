@@ -10,10 +10,13 @@ communicators record it, see `gracecomm.exchange.Link`):
 | ``allreduce`` | ring: reduce-scatter + allgather | the vector | 2(N-1) alpha + 2(N-1)/N n/B |
 | ``allgather`` | ring | all N blocks | (N-1) alpha + (N-1)/N n/B |
 | ``broadcast`` | pipelined ring | the vector | (N-1) alpha + n/B |
+| ``reduce`` | ring reduce-scatter, then gather at the root | the vector | N alpha + 2(N-1)/N n/B |
 | ``ps_push`` | workers -> server | what the server receives | alpha + n/B |
 | ``ps_pull`` | server -> workers | what the server sends | alpha + n/B |
 
-(n in bytes; a parameter server's link carries all the pushes and pulls.)
+(n in bytes; a parameter server's link carries all the pushes and pulls. ``reduce`` to one
+rank is Gloo's, `gloo/reduce.cc`: a ring reduce-scatter of N-1 messages, then each rank sends
+its reduced chunk to the root, whose link receives (N-1)/N n in one more message.)
 
 That is the switched case: every rank has a full-duplex link of bandwidth B of its own (a
 cluster). Gloo, PyTorch's CPU backend, runs these algorithms for allreduce (a ring of
@@ -71,21 +74,65 @@ measured step time less the measured (local) communication and compression; the 
 the same compute with the dense gradients on ring allreduce (one allreduce per exchange) and
 no compression, and ``speedup = baseline / projected``.
 
+Two levels (``exchange.hierarchy=node``): the N ranks sit on M = N/R nodes of R =
+``ranks_per_node`` ranks. Each tensor is reduced dense to an owning local rank inside the
+node, the owner compresses it and exchanges it with its peers on the other nodes (the ranks
+of the same local rank on every node: R groups of M ranks, running at once), and then
+broadcasts the mean inside the node. The statistics of such a step say so: the intra-node
+collectives are recorded as ``node_coll_<kind>_calls`` / ``node_coll_<kind>_bytes`` (a group
+of R ranks), the cross-node ones under the flat keys ``coll_<kind>_*`` (a group of M ranks,
+this rank's share of the tensors). With T_k the flat table's time of kind k:
+
+| level | link | time |
+|---|---|---|
+| inside a node | ``intra_gbps``, ``intra_latency_us`` | sum_k T_k(``node_coll_k``; N = R) |
+| across nodes | ``bandwidth_gbps``, ``latency_us`` | sum_k T_k(``coll_k``; N = M; R n/B) |
+
+The two levels run one after the other, so their times add. Across nodes, the R groups'
+messages go at once, so a call's latency is paid once, but all of them cross the node's one
+link: its bandwidth term carries R times a rank's recorded bytes (the local ranks' shares
+taken as equal). The hosts' term (``host_gbps``) stays a rank's own bytes, the ranks' CPUs
+working in parallel; ``overhead`` (TCP's framing) and ``overlap`` apply as on the flat
+exchange; a ``shared`` link has no nodes and prices no two-level step.
+
+The intra-node link: with ``intra_gbps`` unset, the node's loopback, as on the emulated
+cluster (`gracecomm.experiments.cluster.emulation`: a node's ranks talk over its unshaped
+``lo``). The loopback has no rate of its own: what bounds it is the hosts copying every
+byte (``host_gbps``, calibrated on the cluster) and the per-message latency
+(``intra_latency_us``, unset: ``latency_us``, as the wait for the receiving rank to be
+scheduled is the same); no framing overhead. With ``intra_gbps`` given (an NVLink-like
+rate, e.g. a V100's NVLink: 300 GB/s over both directions, 1200 Gbit/s each way, NVIDIA's
+V100 datasheet), the same table's bandwidth term at that rate.
+
+`project_hierarchies` compares the flat exchange with the two-level one at M nodes of R
+ranks for one method's per-step statistics measured flat (`two_level_stats`): flat, the
+statistics at N = M R ranks (`at_world_size`), each node's link carrying the ring's stream
+as above; two-level, each rank the owner of 1/R of the tensors: its cross-node bytes are
+1/R of the flat payload at M ranks (the node's link carries one payload per node), its
+compression overhead (compress, decompress, memory) 1/R of the flat one, and inside the node
+one reduce and one broadcast of each tensor (``tensors`` calls, or ``exchanges`` where the
+step did not count tensors), of the dense gradient's bytes each. Compute stays. Statistics
+measured two-level need no translation: `at_world_size` with the nodes as ranks scales their
+cross-node level, the node's group staying R.
+
 Per-step statistics read here (written by communicators and the pipeline):
-``coll_<kind>_calls``, ``coll_<kind>_bytes``, ``exchanges``, ``dense_bytes``, ``step_s``,
+``coll_<kind>_calls``, ``coll_<kind>_bytes``, ``node_coll_<kind>_calls``,
+``node_coll_<kind>_bytes``, ``exchanges``, ``tensors``, ``dense_bytes``, ``step_s``,
 ``comm_s``, ``compress_s``, ``decompress_s``, ``memory_s``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from gracecomm.validation import ConfigError, check_choice, check_range
 
-KINDS = ("allreduce", "allgather", "broadcast", "ps_push", "ps_pull")
+KINDS = ("allreduce", "allgather", "broadcast", "reduce", "ps_push", "ps_pull")
 BROADCASTS = ("ring", "tree")
+HIERARCHIES = ("flat", "node")  # one exchange over all ranks; dense inside a node, then across
 TCP_OVER_ETHERNET = 1514 / 1448  # wire bytes per payload byte (module docstring)
 OVERHEAD_KEYS = ("compress_s", "decompress_s", "memory_s")
 
@@ -98,7 +145,22 @@ def bytes_key(kind: str) -> str:
     return f"coll_{kind}_bytes"
 
 
+def node_calls_key(kind: str) -> str:
+    return f"node_coll_{kind}_calls"
+
+
+def node_bytes_key(kind: str) -> str:
+    return f"node_coll_{kind}_bytes"
+
+
 COLLECTIVE_KEYS = tuple(key(k) for k in KINDS for key in (calls_key, bytes_key))
+NODE_COLLECTIVE_KEYS = tuple(key(k) for k in KINDS for key in (node_calls_key, node_bytes_key))
+LEVEL_KEYS = ("cross_node_bytes", "intra_node_bytes")  # a two-level step's bytes per level
+
+
+def two_level(stats: Mapping[str, float]) -> bool:
+    """Whether `stats` are a two-level exchange's: they hold intra-node collectives."""
+    return any(stats.get(node_calls_key(kind), 0.0) for kind in KINDS)
 
 
 def overhead_time(stats: Mapping[str, float]) -> float:
@@ -123,6 +185,17 @@ def check_kind(kind: str) -> str:
     return kind
 
 
+class Level(NamedTuple):
+    """One level of an exchange: its network, the ranks of one group, the groups sharing
+    each link at once, and the keys of its statistics."""
+
+    net: Network
+    size: int
+    streams: int
+    calls_key: Callable[[str], str]
+    bytes_key: Callable[[str], str]
+
+
 @dataclass(frozen=True)
 class Network:
     """A homogeneous network: every rank has a link of `bandwidth_gbps` (10^9 bits/s) and
@@ -131,7 +204,9 @@ class Network:
     ``ring`` or Gloo's binomial ``tree``; `ranks_per_node` ranks share each node's link;
     `host_gbps`, where given, the rate at which the ranks' CPUs move payload through a
     collective, paid on top of the link's; with `overlap`, a message costs the larger of the
-    latency and its link time rather than their sum (module docstring)."""
+    latency and its link time rather than their sum; inside a node, a link of `intra_gbps`
+    (unset: the node's loopback) and `intra_latency_us` (unset: `latency_us`) for the
+    two-level exchange (module docstring)."""
 
     bandwidth_gbps: float
     latency_us: float
@@ -141,13 +216,18 @@ class Network:
     ranks_per_node: int = 1
     host_gbps: float | None = None
     overlap: bool = False
+    intra_gbps: float | None = None
+    intra_latency_us: float | None = None
 
     def __post_init__(self) -> None:
         check_range(self.bandwidth_gbps, "network", "bandwidth_gbps", 0.0, low_open=True)
         check_range(self.latency_us, "network", "latency_us", 0.0)
         check_range(self.overhead, "network", "overhead", 1.0)
-        if self.host_gbps is not None:
-            check_range(self.host_gbps, "network", "host_gbps", 0.0, low_open=True)
+        for option in ("host_gbps", "intra_gbps"):
+            if getattr(self, option) is not None:
+                check_range(getattr(self, option), "network", option, 0.0, low_open=True)
+        if self.intra_latency_us is not None:
+            check_range(self.intra_latency_us, "network", "intra_latency_us", 0.0)
         check_choice(self.broadcast, BROADCASTS, "network", "broadcast")
         check_range(self.ranks_per_node, "network", "ranks_per_node", 1, integer=True)
         if self.overlap and self.shared:
@@ -160,6 +240,17 @@ class Network:
         """``0.1Gbps``, ``1Gbps``, ``10Gbps``: the suffix of this network's keys."""
         return f"{self.bandwidth_gbps:g}Gbps"
 
+    @property
+    def intra_node(self) -> Network:
+        """The link inside a node, as a network of its own (module docstring): `intra_gbps`
+        (unset: the loopback, no rate of its own), `intra_latency_us` (unset: `latency_us`),
+        no framing; the hosts' rate, broadcast and overlap as across nodes."""
+        return Network(math.inf if self.intra_gbps is None else self.intra_gbps,
+                       self.latency_us if self.intra_latency_us is None
+                       else self.intra_latency_us,
+                       broadcast=self.broadcast, host_gbps=self.host_gbps,
+                       overlap=self.overlap)
+
     def terms(self, kind: str, world_size: int) -> tuple[float, float]:
         """(messages per call, link bytes per recorded byte) of `kind` at `world_size`
         ranks (module table)."""
@@ -170,6 +261,7 @@ class Network:
             "allreduce": (2 * (n - 1), 2 * (n - 1) / n),
             "allgather": (n - 1, (n - 1) / n),
             "broadcast": (n - 1, 1.0) if self.broadcast == "ring" else (tree, tree),
+            "reduce": (n, 2 * (n - 1) / n),
             "ps_push": (1, remote),
             "ps_pull": (1, remote) if self.broadcast == "ring" else (tree, tree / (n - 1)),
         }[check_kind(kind)]
@@ -177,22 +269,49 @@ class Network:
             factor *= n
         return messages, factor * self.overhead
 
-    def time(self, kind: str, nbytes: float, world_size: int, calls: float = 1) -> float:
-        """Seconds for `calls` collectives of `kind` moving `nbytes` in total (module table)."""
+    def time(self, kind: str, nbytes: float, world_size: int, calls: float = 1,
+             streams: int = 1) -> float:
+        """Seconds for `calls` collectives of `kind` moving `nbytes` in total (module table);
+        `streams` such collectives at once on disjoint groups share each link (the two-level
+        exchange's local ranks): the link carries their bytes, each pays its own latency and
+        hosts' time concurrently."""
         if world_size <= 1 or calls == 0:
             return 0.0
         messages, factor = self.terms(kind, world_size)
         beta = 8.0 / (self.bandwidth_gbps * 1e9)  # seconds per byte on the link
         host = 0.0 if self.host_gbps is None else 8.0 / (self.host_gbps * 1e9) / self.overhead
-        sent, link = calls * messages, factor * nbytes * beta
+        sent, link = calls * messages, streams * factor * nbytes * beta
         alpha = self.latency_us * 1e-6
         wire = sent * max(alpha, link / sent) if self.overlap else sent * alpha + link
         return wire + factor * nbytes * host
 
+    def levels(self, stats: Mapping[str, float], world_size: int) -> tuple[Level, ...]:
+        """The levels of the exchange `stats` record: one flat level, or inside a node and
+        across nodes (module docstring)."""
+        if not two_level(stats):
+            return (Level(self, world_size, 1, calls_key, bytes_key),)
+        r = self.ranks_per_node
+        if self.shared or r == 1 or world_size % r:
+            raise ConfigError(f"network: statistics of a two-level exchange (node_coll_* keys) "
+                              f"need nodes of ranks_per_node > 1 ranks on per-node links; got "
+                              f"ranks_per_node={r}, world_size={world_size}, "
+                              f"shared={self.shared}")
+        return (Level(self.intra_node, r, 1, node_calls_key, node_bytes_key),
+                Level(replace(self, ranks_per_node=1), world_size // r, r, calls_key, bytes_key))
+
     def comm_time(self, stats: Mapping[str, float], world_size: int) -> float:
-        """Modelled seconds of every collective recorded in `stats`."""
-        return sum(self.time(kind, stats.get(bytes_key(kind), 0.0), world_size,
-                             stats.get(calls_key(kind), 0.0)) for kind in KINDS)
+        """Modelled seconds of every collective recorded in `stats`, at each level."""
+        return sum(level.net.time(kind, stats.get(level.bytes_key(kind), 0.0), level.size,
+                                  stats.get(level.calls_key(kind), 0.0), level.streams)
+                   for level in self.levels(stats, world_size) for kind in KINDS)
+
+    def link_bytes(self, stats: Mapping[str, float], world_size: int) -> float:
+        """Bytes one node's network link carries each way per step in the model (framing
+        included): the network level's bandwidth terms (module docstring)."""
+        level = self.levels(stats, world_size)[-1]
+        return sum(level.streams * level.net.terms(kind, level.size)[1]
+                   * stats.get(level.bytes_key(kind), 0.0)
+                   for kind in KINDS if level.size > 1 and stats.get(level.calls_key(kind), 0.0))
 
     def project(self, stats: Mapping[str, float], world_size: int) -> dict[str, float]:
         """``net_comm_s@L``, ``projected_step_s@L``, ``dense_step_s@L`` and ``speedup@L``
@@ -224,13 +343,15 @@ def at_world_size(stats: Mapping[str, float], measured_at: int,
 
 
 def networks(bandwidths_gbps: Iterable[float] | float, latency_us: float,
-             shared: bool = False) -> list[Network]:
-    """One `Network` per bandwidth (a number or a list, as in ``network.bandwidth_gbps``)."""
+             shared: bool = False, ranks_per_node: int = 1) -> list[Network]:
+    """One `Network` per bandwidth (a number or a list, as in ``network.bandwidth_gbps``),
+    nodes of `ranks_per_node` ranks (what a two-level exchange's statistics need)."""
     values = ([bandwidths_gbps] if isinstance(bandwidths_gbps, (int, float))
               else list(bandwidths_gbps))
     if not values:
         raise ConfigError("network: option 'bandwidth_gbps' must list at least one bandwidth")
-    return [Network(b, latency_us, bool(shared)) for b in values]
+    return [Network(b, latency_us, bool(shared), ranks_per_node=ranks_per_node)
+            for b in values]
 
 
 def project(stats: Mapping[str, float], world_size: int,
@@ -239,4 +360,53 @@ def project(stats: Mapping[str, float], world_size: int,
     out = {"compute_s": compute_time(stats)}
     for net in nets:
         out.update(net.project(stats, world_size))
+    return out
+
+
+def two_level_stats(stats: Mapping[str, float], measured_at: int, nodes: int,
+                    ranks_per_node: int) -> dict[str, float]:
+    """Per-step statistics of one rank measured on the flat exchange at `measured_at`
+    ranks, as the two-level exchange would record them at `nodes` nodes of `ranks_per_node`
+    ranks (module docstring): the cross-node collectives carry the rank's 1/R share of the
+    flat payload at `nodes` ranks, compression costs 1/R, and each tensor is reduced and
+    broadcast dense inside the node."""
+    if two_level(stats):
+        raise ConfigError("network: these statistics are already a two-level exchange's; "
+                          "scale their cross-node level with at_world_size instead")
+    r = check_range(ranks_per_node, "network", "ranks_per_node", 1, integer=True)
+    out = at_world_size(stats, measured_at, nodes)
+    out["compute_s"] = compute_time(stats)
+    for key in (*(bytes_key(kind) for kind in KINDS), *OVERHEAD_KEYS):
+        if key in out:
+            out[key] /= r
+    if r > 1:
+        per_tensor = stats.get("tensors", stats.get("exchanges", 0.0))
+        for kind in ("reduce", "broadcast"):
+            out[node_calls_key(kind)] = per_tensor
+            out[node_bytes_key(kind)] = stats.get("dense_bytes", 0.0)
+    return out
+
+
+def project_hierarchies(stats: Mapping[str, float], measured_at: int, net: Network,
+                        nodes: Iterable[int], ranks_per_node: int) -> dict[int, dict[str, float]]:
+    """The flat exchange against the two-level one for one method's per-step statistics
+    measured flat at `measured_at` ranks, at each of `nodes` nodes of `ranks_per_node` ranks
+    on `net`'s links (module docstring): per node count, the projected step times
+    (``flat_step_s``, ``node_step_s``; ``dense_step_s``: the flat dense allreduce), the
+    bytes one node's link carries each way per step (``flat_link_bytes``,
+    ``node_link_bytes``) and ``speedup``, the flat step over the two-level one."""
+    net = replace(net, ranks_per_node=ranks_per_node)
+    label = net.label
+    out = {}
+    for m in nodes:
+        n = m * ranks_per_node
+        flat = at_world_size(stats, measured_at, n)
+        node = two_level_stats(stats, measured_at, m, ranks_per_node)
+        flat_p, node_p = net.project(flat, n), net.project(node, n)
+        out[m] = {"flat_step_s": flat_p[f"projected_step_s@{label}"],
+                  "node_step_s": node_p[f"projected_step_s@{label}"],
+                  "dense_step_s": flat_p[f"dense_step_s@{label}"],
+                  "flat_link_bytes": net.link_bytes(flat, n),
+                  "node_link_bytes": net.link_bytes(node, n)}
+        out[m]["speedup"] = out[m]["flat_step_s"] / out[m]["node_step_s"]
     return out

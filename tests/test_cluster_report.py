@@ -133,3 +133,45 @@ def test_the_hosts_rate_adds_to_the_links_time_per_payload_byte():
     assert extra == pytest.approx(1.5 * 1e6 * 8 / 2e9)  # 2(N-1)/N of the payload at 2 Gbit/s
     with pytest.raises(ConfigError, match="host_gbps"):
         Network(1.0, 0.0, host_gbps=0.0)
+
+
+def test_the_projection_compares_nodes_of_eight_flat_and_two_level():
+    from gracecomm.experiments.cluster.projection import (
+        NODES,
+        hierarchy_grid,
+        step_stats,
+        step_time,
+    )
+    topk = {"method": "topk", "communicator": "allgather", "wire_bytes": 2e5,
+            "dense_bytes": 1e8, "calls_per_bucket": 1, "reads": 3.0}
+    net = Network(10.0, 25.0, overhead=TCP_OVER_ETHERNET)
+    stats = at_world_size(step_stats(topk, 0.3, 0), 1, 64)
+    assert stats[bytes_key("allgather")] == 64 * 2e5 and stats[calls_key("allgather")] == 5
+    by_hand = 0.3 + 3.0 * 1e8 / 900e9 + net.comm_time(stats, 64)
+    assert step_time(topk, 0.3, 64, net) == pytest.approx(by_hand)
+    grid = hierarchy_grid({"topk": topk}, 0.3, tensors=100)
+    assert len(grid) == 3 * len(NODES)
+    cell = grid["1024@10"]["topk"]  # 1024 nodes: each node's link carries 1/8 of the flat
+    assert cell["node_link_bytes"] / cell["flat_link_bytes"] == pytest.approx(
+        (1023 / 1024) / (8191 / 8192) / 8)
+    assert cell["speedup"] > 1
+
+
+def test_hierarchy_tables(tmp_path):
+    def both(name, flat_s, node_s, flat_bytes, node_bytes):
+        return [run(name, flat_s, 1.0, 1.0, hierarchy="flat",
+                    cross_node_bytes_per_step=flat_bytes),
+                run(f"{name}@node", node_s, 1.0, 1.0, hierarchy="node",
+                    cross_node_bytes_per_step=node_bytes, projected_step_s=1.1 * node_s)]
+    path = stored(tmp_path, "h.json", 4, [*both("ddp", 0.2, 0.19, 4e6, 4e6),
+                                          *both("topk", 0.1, 0.05, 2e5, 1e5)])
+    table = cluster_report.render_hierarchies(path)
+    assert "| `topk` | 100.0 | 50.0 | 2.00x | 200.0 | 100.0 | 0.50x | 55.0 |" in table
+    assert "| `ddp` | 200.0 | 190.0 |" in table and "`topk@node`" not in table
+    projection = {"assumptions": {"hierarchy": {"ranks_per_node": 8, "intra_gbps": 1200.0,
+                                                "intra_latency_us": 3.4}},
+                  "models": {"m": {"methods": {"topk": {}}, "hierarchy": {"16@1": {"topk": {
+                      "speedup": 2.0, "node_link_bytes": 1.0, "flat_link_bytes": 8.0}}}}}}
+    (tmp_path / "p.json").write_text(json.dumps(projection))
+    assert "| 16@1 | 2.00x / 0.12 |" in cluster_report.render_hierarchy_projection(
+        tmp_path / "p.json")

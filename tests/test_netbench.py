@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from gracecomm.experiments.cluster.netbench import format_table, plan
+from gracecomm.experiments.cluster.netbench import (
+    format_table,
+    hierarchy_of,
+    per_step,
+    plan,
+    said,
+    setup_steps,
+)
 from gracecomm.experiments.cluster.topologies import NAMESPACE_PREFIX
 from gracecomm.validation import ConfigError
 
@@ -38,7 +45,37 @@ def test_plan_puts_the_baseline_first_and_sync_variants_after_their_method():
     assert dict(runs)["topk"][-2:] == ["+method=topk", "trainer.world_size=2"]  # hooks: no twin
 
 
+def test_each_method_runs_once_per_hierarchy_the_node_run_named_for_it():
+    runs = plan(config(topology="cluster", methods=["topk"], hierarchies=["flat", "node"]))
+    assert [name for name, _ in runs] == ["ddp", "ddp@node", "topk", "topk@node", "topk_sync",
+                                          "topk_sync@node"]
+    by = dict(runs)
+    assert by["topk@node"] == [*by["topk"], "exchange.hierarchy=node"]  # flat: the default
+    assert not any("hierarchy" in o for o in by["topk"])
+    assert [hierarchy_of(name) for name in by] == ["flat", "node"] * 3
+
+
+def test_link_bytes_per_step_leave_out_the_setup_run():
+    cfg = config(warmup_steps=5)
+    assert per_step(1_000_000, 400_000, 35, cfg) == pytest.approx(600_000 / 30)
+    assert per_step(None, 400_000, 35, cfg) is None  # a topology that does not count
+    assert per_step(1_000_000, 400_000, 5, cfg) is None  # no step beyond the setup run's
+    assert setup_steps(config(warmup_steps=0)) == 1
+
+
+def test_an_error_says_netbench_once():
+    assert said(ConfigError("netbench: option 'rounds' must be")) == (
+        "netbench: option 'rounds' must be")
+    assert said(ConfigError("cluster: option 'jitter_ms'")) == (
+        "netbench: cluster: option 'jitter_ms'")
+
+
 @pytest.mark.parametrize("options,message", [
+    ({"hierarchies": ["flat", "nodes"]}, "'hierarchies' must be one of 'flat', 'node'; got"),
+    ({"hierarchies": []}, "'hierarchies' must list distinct hierarchies of flat, node"),
+    ({"hierarchies": ["node", "node"]}, "'hierarchies' must list distinct"),
+    ({"hierarchies": ["flat", "node"]}, "'hierarchies' may hold node only with topology=cluster"),
+    ({"overrides": ["exchange.hierarchy=node"]}, "'overrides' sets exchange.hierarchy"),
     ({"methods": ["ddp", "topkk"]}, r"'methods' names \['topkk'\], which are not method presets"),
     ({"rounds": 0}, "rounds"),
     ({"bandwidth_mbps": 0}, "bandwidth_mbps"),
@@ -101,6 +138,7 @@ def test_a_bad_cluster_option_is_one_line_before_any_run(tmp_path, option):
     assert proc.returncode == 1, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"'{option.split('=')[0]}' must be" in lines[0], lines
+    assert lines[0].count("netbench:") == 1, lines
     assert not (tmp_path / "alone").exists()
 
 

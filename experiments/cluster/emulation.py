@@ -304,6 +304,16 @@ class EmulatedCluster:
         remove_namespaces([*nodes, *(n for n in self._made if n == self.switch)])
         self._made.clear()
 
+    def link_bytes(self) -> int:
+        """Bytes every node's uplink has sent so far (``tc -s``: as the token bucket counts
+        them, Ethernet header included): each byte that crossed the switch, counted once,
+        by the link it left on."""
+        total = 0
+        for ns in self.namespaces:
+            shown = run("ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", "eth0")
+            total += int(re.search(r"Sent (\d+) bytes", shown).group(1))
+        return total
+
     def cpus(self, node: int) -> list[int]:
         """The CPUs node `node`'s ranks are pinned to (module docstring)."""
         available = sorted(os.sched_getaffinity(0))

@@ -26,6 +26,17 @@ Topologies:
 Methods are presets of ``configs/method/`` (`gracecomm.experiments.presets`). The per-message
 latency is measured on the shaped network by a calibration of small allreduces.
 
+``hierarchies`` (``flat``, ``node``; default ``[flat]``): each method runs once per
+hierarchy, the ``node`` run with ``exchange.hierarchy=node`` (dense inside a node,
+compressed across nodes; ``topology=cluster`` only) and named ``METHOD@node``; a ``flat``
+run passes nothing (flat is the trainer's default) and keeps the method's name. On the
+cluster, every run's ``cross_node_bytes_per_step`` is counted by the links themselves: the
+bytes the nodes' uplinks sent (``tc -s``, `gracecomm.experiments.cluster.emulation.
+EmulatedCluster.link_bytes`, framing included), less those of a run of the same method of
+``warmup_steps`` steps (at least 1: start-up, DDP's first broadcast and the final
+evaluation, which both runs share), over the steps the longer run had in addition; with
+``goal=accuracy`` that includes its evaluations.
+
 ``goal=step``: each method trains ``warmup_steps + steps`` steps, ``rounds`` times in turn;
 the table holds the median step time and the speedup over the baseline, measured and
 projected. ``goal=accuracy``: the target is ``accuracy.target_accuracy``, or else
@@ -39,7 +50,8 @@ evaluations excluded); a run that misses says so (``reached_target: false``, its
 against wall-clock time, every method on one figure, is written next to ``netbench.json``.
 
 The last line of output is one JSON object: ``{"bandwidth_mbps", "topology", "world_size",
-"runs": [{"method", "step_s", "dense_step_s", "measured_speedup", "projected_speedup"}, ...]}``,
+"runs": [{"method", "hierarchy", "step_s", "dense_step_s", "measured_speedup",
+"projected_speedup", "cross_node_bytes_per_step" (cluster only)}, ...]}``,
 with ``goal=accuracy`` each run adding ``time_to_target_s``, ``target_accuracy``,
 ``final_accuracy``, ``reached_target``, ``steps_to_target`` (and ``tta_speedup`` where the
 baseline reached the target). Needs root and iproute2 (``ip``, ``tc``); namespaces, links
@@ -60,7 +72,7 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gracecomm.config import guarded
 from gracecomm.experiments import presets
@@ -79,13 +91,20 @@ from gracecomm.experiments.cluster.topologies import (
 from gracecomm.experiments.reports.plots import save_figure
 from gracecomm.experiments.reports.tables import Run, read_run
 from gracecomm.experiments.training.launch import torchrun_standalone
-from gracecomm.network import COLLECTIVE_KEYS, OVERHEAD_KEYS, Network
+from gracecomm.network import (
+    COLLECTIVE_KEYS,
+    HIERARCHIES,
+    LEVEL_KEYS,
+    NODE_COLLECTIVE_KEYS,
+    OVERHEAD_KEYS,
+    Network,
+)
 from gracecomm.validation import ConfigError, check_choice, check_range
 
 TOPOLOGIES = ("loopback", "cluster")
 # per-step medians kept with each run, to project it elsewhere (experiments/cluster/report.py)
-STAT_KEYS = (*COLLECTIVE_KEYS, *OVERHEAD_KEYS, "compute_s", "comm_s", "step_s", "dense_bytes",
-             "exchanges", "wire_bytes")
+STAT_KEYS = (*COLLECTIVE_KEYS, *NODE_COLLECTIVE_KEYS, *LEVEL_KEYS, *OVERHEAD_KEYS, "compute_s",
+             "comm_s", "step_s", "dense_bytes", "exchanges", "tensors", "wire_bytes")
 GOALS = ("step", "accuracy")
 
 
@@ -94,6 +113,23 @@ def step_overrides(steps: int) -> list[str]:
     return [f"trainer.max_steps={steps}", "trainer.epochs=1000", "trainer.eval_every=1000"]
 
 
+def hierarchy_of(name: str) -> str:
+    """The hierarchy of run `name` (``METHOD@node``; a flat run keeps the method's name)."""
+    return name.rpartition("@")[2] if "@" in name else "flat"
+
+
+def setup_steps(cfg: DictConfig) -> int:
+    """Steps of the run whose link bytes every run of a method less (module docstring)."""
+    return max(1, int(cfg.warmup_steps))
+
+
+def per_step(total: int | None, setup: int | None, steps: int, cfg: DictConfig) -> float | None:
+    """Link bytes per step of a run of `steps` steps that carried `total`, less the `setup`
+    of a run of `setup_steps` (module docstring); None where not counted."""
+    extra = steps - setup_steps(cfg)
+    if total is None or setup is None or extra < 1:
+        return None
+    return (total - setup) / extra
 
 
 def finished(run_dir: Path) -> Run:
@@ -114,7 +150,7 @@ def summarise(method: str, rounds: list[list[dict[str, Any]]], network: Network,
     label = network.label
     per_round = [statistics.median(r["step_s"] for r in records) for records in rounds]
     comm_timed = "comm_s" in kept[0]
-    return {"method": method, "step_s": median("step_s"),
+    return {"method": method, "hierarchy": hierarchy_of(method), "step_s": median("step_s"),
             "round_step_s": [min(per_round), max(per_round)],
             "projected_step_s": statistics.median(p[f"projected_step_s@{label}"]
                                                   for p in projected),
@@ -139,6 +175,7 @@ def check_options(cfg: DictConfig) -> None:
     check_range(cfg.warmup_steps, "netbench", "warmup_steps", 0, integer=True)
     check_range(cfg.rounds, "netbench", "rounds", 1, integer=True)
     check_range(cfg.world_size, "netbench", "world_size", 2, integer=True)
+    check_hierarchies(cfg)
     if cfg.topology == "cluster":
         Link(float(cfg.bandwidth_mbps), float(cfg.latency_ms), float(cfg.jitter_ms),
              float(cfg.loss_pct))
@@ -158,9 +195,26 @@ def check_options(cfg: DictConfig) -> None:
                     low_open=True)
 
 
+def check_hierarchies(cfg: DictConfig) -> None:
+    """``hierarchies``: a list of distinct `HIERARCHIES`, ``node`` on the cluster only, and
+    the exchange's hierarchy chosen there, not in ``overrides``."""
+    values = list(cfg.hierarchies) if OmegaConf.is_list(cfg.hierarchies) else None
+    if not values or len(set(map(str, values))) < len(values):
+        raise ConfigError(f"netbench: option 'hierarchies' must list distinct hierarchies of "
+                          f"{', '.join(HIERARCHIES)}, got {cfg.hierarchies}")
+    for value in values:
+        check_choice(str(value), HIERARCHIES, "netbench", "hierarchies")
+    if "node" in values and cfg.topology != "cluster":
+        raise ConfigError("netbench: option 'hierarchies' may hold node only with "
+                          "topology=cluster (topology=loopback runs every rank on one node)")
+    if any(str(o).lstrip("+~").startswith("exchange.hierarchy") for o in cfg.overrides):
+        raise ConfigError("netbench: option 'overrides' sets exchange.hierarchy; choose it "
+                          "with 'hierarchies' instead (e.g. 'hierarchies=[flat,node]')")
+
+
 def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
     """(name, overrides) of every run, the baseline first, sync variants after their method
-    (``goal=step`` only)."""
+    (``goal=step`` only), each once per hierarchy (``METHOD@node``)."""
     check_options(cfg)
     names = presets.check([str(cfg.baseline)] + [str(m) for m in cfg.methods
                                                   if m != cfg.baseline], "netbench")
@@ -168,9 +222,13 @@ def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
     runs = []
     for name in names:
         overrides = [*cfg.overrides, *presets.overrides(name), *topology.overrides()]
-        runs.append((name, overrides))
+        variants = [(name, overrides)]
         if cfg.also_sync and cfg.goal == "step" and presets.exchange(name) == "hook":
-            runs.append((f"{name}_sync", [*overrides, "trainer.exchange=hook_sync"]))
+            variants.append((f"{name}_sync", [*overrides, "trainer.exchange=hook_sync"]))
+        for variant, variant_overrides in variants:
+            runs += [(variant, variant_overrides) if h == "flat" else
+                     (f"{variant}@{h}", [*variant_overrides, f"exchange.hierarchy={h}"])
+                     for h in map(str, cfg.hierarchies)]
     return runs
 
 
@@ -185,21 +243,44 @@ def validate_runs(runs: list[tuple[str, list[str]]]) -> None:
             raise ConfigError(f"netbench: method '{name}': {err}") from None
 
 
+def setup_bytes(cfg: DictConfig, topology: Any, runs: list[tuple[str, list[str]]],
+                out_dir: Path) -> dict[str, int | None]:
+    """Per run: the link bytes of a run of `setup_steps` steps (module docstring), where the
+    topology counts them."""
+    if not topology.counts_links:
+        return {name: None for name, _ in runs}
+    return {name: topology.train([*overrides, *step_overrides(setup_steps(cfg))],
+                                 out_dir / f"{name}.setup", float(cfg.timeout_s))
+            for name, overrides in runs}
+
+
 def measure_steps(cfg: DictConfig, topology: Any, runs: list[tuple[str, list[str]]],
                   network: Network, out_dir: Path) -> list[dict[str, Any]]:
     """``goal=step``: every run `rounds` times in turn, summarised."""
     measured: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _ in runs}
+    counted: dict[str, list[int | None]] = {name: [] for name, _ in runs}
     warmup, steps = int(cfg.warmup_steps), int(cfg.steps)
+    setup = setup_bytes(cfg, topology, runs, out_dir)
     for round_ in range(int(cfg.rounds)):  # methods in turn, so load drifts hit all alike
         for name, overrides in runs:
             run_dir = out_dir / f"{name}.{round_}"
-            topology.train([*overrides, *step_overrides(warmup + steps)], run_dir,
-                           float(cfg.timeout_s))
+            counted[name].append(topology.train([*overrides, *step_overrides(warmup + steps)],
+                                                run_dir, float(cfg.timeout_s)))
             records = finished(run_dir).steps[warmup:]
             measured[name].append(records)
             step_ms = 1e3 * statistics.median(r["step_s"] for r in records)
             print(f"round {round_ + 1}, {name}: {step_ms:.1f} ms/step", flush=True)
-    return [summarise(name, measured[name], network, topology.ranks) for name, _ in runs]
+    rows = []
+    for name, _ in runs:
+        total = None if None in counted[name] else statistics.median(counted[name])
+        rows.append({**summarise(name, measured[name], network, topology.ranks),
+                     **link_fields(per_step(total, setup[name], warmup + steps, cfg))})
+    return rows
+
+
+def link_fields(bytes_per_step: float | None) -> dict[str, float]:
+    """``cross_node_bytes_per_step`` where the links counted it."""
+    return {} if bytes_per_step is None else {"cross_node_bytes_per_step": bytes_per_step}
 
 
 def reference_accuracy(cfg: DictConfig, runs: list[tuple[str, list[str]]], ranks: int,
@@ -274,13 +355,16 @@ def measure_accuracy(cfg: DictConfig, topology: Any, runs: list[tuple[str, list[
     """``goal=accuracy``: every run once, until `target` or the step limit."""
     rows = []
     warmup = int(cfg.warmup_steps)
+    setup = setup_bytes(cfg, topology, runs, out_dir)
     for name, overrides in runs:
         run_dir = out_dir / name
-        topology.train([*overrides, *accuracy_overrides(cfg, target)], run_dir,
-                       float(cfg.timeout_s))
-        tta = time_to_target(finished(run_dir), target, warmup)
+        total = topology.train([*overrides, *accuracy_overrides(cfg, target)], run_dir,
+                               float(cfg.timeout_s))
+        run = finished(run_dir)
+        tta = time_to_target(run, target, warmup)
         records = tta.pop("step_records")
-        rows.append({**summarise(name, [records], network, topology.ranks), **tta})
+        rows.append({**summarise(name, [records], network, topology.ranks), **tta,
+                     **link_fields(per_step(total, setup[name], len(run.steps), cfg))})
         print(f"{name}: {'reached' if tta['reached_target'] else 'missed'} {target:.4f} "
               f"after {tta['steps_to_target']} steps, {tta['time_to_target_s']:.1f} s "
               f"(final {tta['final_accuracy']:.4f})", flush=True)
@@ -343,11 +427,13 @@ def benchmark(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     result.update({"bandwidth_mbps": float(cfg.bandwidth_mbps),
                    "latency_ms": float(cfg.latency_ms), "topology": str(cfg.topology),
                    "goal": str(cfg.goal), "world_size": int(cfg.world_size),
+                   "hierarchies": [str(h) for h in cfg.hierarchies],
                    "ranks_per_node": int(cfg.ranks_per_node), "ranks": topology.ranks,
                    "latency_us_calibrated": latency_us, "compute_alone_s": alone,
                    "network": {"overhead": network.overhead, "broadcast": network.broadcast,
                                "shared": network.shared, "host_gbps": network.host_gbps,
-                               "overlap": network.overlap},
+                               "overlap": network.overlap, "intra_gbps": network.intra_gbps,
+                               "intra_latency_us": network.intra_latency_us},
                    "runs": rows})
     if target is not None:
         result["target_accuracy"] = float(target)
@@ -431,7 +517,8 @@ def plot_accuracy(result: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
-JSON_KEYS = ("method", "step_s", "dense_step_s", "measured_speedup", "projected_speedup")
+JSON_KEYS = ("method", "hierarchy", "step_s", "dense_step_s", "measured_speedup",
+             "projected_speedup", "cross_node_bytes_per_step")
 TTA_KEYS = ("time_to_target_s", "target_accuracy", "final_accuracy", "reached_target",
             "steps_to_target", "tta_speedup")
 
@@ -444,16 +531,22 @@ def last_line(result: dict[str, Any]) -> dict[str, Any]:
             "runs": [{k: r[k] for k in keys if k in r} for r in result["runs"]]}
 
 
+def said(err: Exception) -> str:
+    """The one line an error ends netbench with, ``netbench:`` first (once)."""
+    text = str(err)
+    return text if text.startswith("netbench") else f"netbench: {text}"
+
+
 @hydra.main(version_base="1.3", config_path="../../configs", config_name="netbench")
 def netbench_job(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         result = benchmark(cfg, out_dir)
     except ConfigError as err:
-        print(f"netbench: {err}", file=sys.stderr)
+        print(said(err), file=sys.stderr)
         sys.exit(1)
     except (NetbenchError, ClusterError) as err:
-        print(f"netbench: {err}", file=sys.stderr)
+        print(said(err), file=sys.stderr)
         sys.exit(2)
     (out_dir / "netbench.json").write_text(json.dumps(result, indent=1))
     print(format_table(result))

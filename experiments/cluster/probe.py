@@ -10,14 +10,14 @@ against the model (`gracecomm.network`), without any training around them.
 node under torchrun; rank 0 writes ``{"world_size", "latency_s", "allreduce": {bytes:
 seconds}, "allgather": {bytes per rank: seconds}}``: medians over ``repeats`` calls after
 one untimed call, every call after a barrier; ``sweep`` also counts the bytes the links
-carry for 20 allreduces of 1.08 MB (``wire_per_payload``: TCP/IP framing and
-acknowledgements, `gracecomm.network.TCP_OVER_ETHERNET`). The latency is the floor of one
-message of Gloo's ring: the median time of an allreduce whose N chunks each hold
-`LATENCY_CHUNKS` bytes, divided by its 2(N-1) messages, the least over those sizes. (A
-one-float allreduce is no such probe: with fewer elements than ranks most chunks are empty,
-and Gloo ends it in a fraction of the time its 2(N-1) messages take with bytes in them.) The
-sweep's JSON holds each case's measurements next to the model's time for the same
-collective (per-node links, TCP framing, the calibrated latency, messages that overlap it:
+carry for 20 allreduces of 1.08 MB (`EmulatedCluster.link_bytes`; ``wire_per_payload``:
+TCP/IP framing and acknowledgements, `gracecomm.network.TCP_OVER_ETHERNET`). The latency
+is the floor of one message of Gloo's ring: the median time of an allreduce whose N chunks
+each hold `LATENCY_CHUNKS` bytes, divided by its 2(N-1) messages, the least over those
+sizes. (A one-float allreduce is no such probe: with fewer elements than ranks most chunks
+are empty, and Gloo ends it in a fraction of the time its 2(N-1) messages take with bytes
+in them.) The sweep's JSON holds each case's measurements next to the model's time for the
+same collective (per-node links, TCP framing, the calibrated latency, messages that overlap it:
 `gracecomm.network.Network.overlap`).
 """
 
@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -104,17 +102,6 @@ def _probe_rank(rank: int, world_size: int, args: argparse.Namespace) -> None:
         args.out.write_text(json.dumps(result))
 
 
-def link_bytes(cluster: Any) -> int:
-    """Bytes every node's uplink has sent so far (``tc -s``: as the token bucket counts
-    them, Ethernet header included)."""
-    total = 0
-    for ns in cluster.namespaces:
-        done = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev",
-                               "eth0"], capture_output=True, text=True, check=True).stdout
-        total += int(re.search(r"Sent (\d+) bytes", done).group(1))
-    return total
-
-
 def sweep(nodes: list[int], mbits: list[float], repeats: int, work: Path) -> dict[str, Any]:
     """Every node count at every bandwidth: the measured times and the model's, and the
     bytes the links carried per payload byte of a ring allreduce (each of N ranks sends
@@ -136,11 +123,11 @@ def sweep(nodes: list[int], mbits: list[float], repeats: int, work: Path) -> dic
                          "--allreduce", *map(str, ALLREDUCE_BYTES),
                          "--allgather", *map(str, ALLGATHER_BYTES),
                          "--repeats", str(repeats)], work / f"logs_{n}n_{mbit:g}", 900)
-                    before = link_bytes(cluster)
+                    before = cluster.link_bytes()
                     cluster.torchrun(["-m", "gracecomm.experiments.cluster.probe", "rank",
                                       str(out), "--wire"], work / f"wire_{n}n_{mbit:g}", 900)
                     payload = n * WIRE_CALLS * 2 * (n - 1) / n * WIRE_BYTES
-                    wire = (link_bytes(cluster) - before) / payload
+                    wire = (cluster.link_bytes() - before) / payload
                 measured = json.loads(out.read_text())
                 net = cluster_network(mbit, measured["latency_s"] * 1e6)
                 model = {"allreduce": {b: net.time("allreduce", int(b), n)

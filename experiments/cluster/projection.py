@@ -37,6 +37,12 @@ What goes in, and where it comes from:
   allgather (NCCL's ring, also Gloo's; NCCL's trees would pay less latency at 1024
   nodes), no overlap of communication with the backward pass (DDP overlaps: this favours
   the methods that send less), one rank per node.
+- **Nodes of 8 GPUs** (``hierarchy`` in the JSON): the same statistics on nodes of 8
+  ranks, the flat exchange (every rank's payload through its node's link) against the
+  two-level one (`gracecomm.network.project_hierarchies`: dense inside the node, one payload
+  per node across), inside each node a V100's NVLink: 300 GB/s over both directions (NVIDIA
+  Tesla V100 datasheet, SXM2), 1200 Gbit/s each way, and a latency of 3.4 us per message
+  (NCCL's tuning model, `src/graph/tuning.cc`: the ring's Simple protocol on NVLink).
 - **Time to accuracy**: the projected step time times the steps each method needed to
   reach the target on the emulated cluster (``--tta``, a ``goal=accuracy`` netbench
   result; ResNet-20 on the prototypes data): an assumption that the ratio of steps to
@@ -60,7 +66,14 @@ from gracecomm.config import instantiate
 from gracecomm.experiments import presets
 from gracecomm.experiments.reports.plots import save_figure
 from gracecomm.experiments.training.config import build_grace
-from gracecomm.network import TCP_OVER_ETHERNET, Network, bytes_key, calls_key
+from gracecomm.network import (
+    TCP_OVER_ETHERNET,
+    Network,
+    at_world_size,
+    bytes_key,
+    calls_key,
+    project_hierarchies,
+)
 
 METHODS = ("ddp", "fp16", "powersgd", "randomk", "topk", "dgc", "natural", "qsgd",
            "efsignsgd")
@@ -68,6 +81,8 @@ NODES = (16, 32, 64, 128, 256, 512, 1024)
 BANDWIDTHS_GBPS = (1.0, 10.0, 100.0)
 LATENCY_US = 25.0
 HBM_BYTES_PER_S = 900e9  # V100
+RANKS_PER_NODE = 8  # GPUs per node of the two-level projection
+NVLINK_GBPS, NVLINK_LATENCY_US = 1200.0, 3.4  # V100 NVLink each way; NCCL's ring on NVLink
 BUCKET_BYTES, FIRST_BUCKET_BYTES = 25 * 2**20, 2**20  # DDP's bucket_cap_mb and first bucket
 COMPUTE = {
     "resnet50": {"step_s": 256 / 893.09, "source": (
@@ -146,15 +161,38 @@ def traffic(method: str, shapes: list[tuple[int, ...]], seed: int = 0) -> dict[s
             "calls_per_bucket": rounds, "reads": min(times) / min(reads)}
 
 
-def step_time(t: dict[str, Any], compute_s: float, nodes: int, net: Network) -> float:
-    """Projected seconds per step of traffic `t` at `nodes` nodes on `net`."""
+def step_stats(t: dict[str, Any], compute_s: float, tensors: int) -> dict[str, float]:
+    """Per-step statistics of traffic `t` in a world of one rank (`gracecomm.network`'s
+    keys): one collective per bucket (two where `t` needs them), the pipeline's cost in
+    reads of the gradient on a V100 as its compression time."""
     exchanges = buckets(t["dense_bytes"])
-    calls = exchanges * t["calls_per_bucket"]
     kind = "allgather" if t["communicator"] == "allgather" else "allreduce"
-    payload = t["wire_bytes"] * (nodes if kind == "allgather" else 1)
-    stats = {calls_key(kind): calls, bytes_key(kind): payload}
     overhead = t["reads"] * t["dense_bytes"] / HBM_BYTES_PER_S if t["method"] != "ddp" else 0.0
-    return compute_s + overhead + net.comm_time(stats, nodes)
+    return {calls_key(kind): exchanges * t["calls_per_bucket"], bytes_key(kind): t["wire_bytes"],
+            "dense_bytes": t["dense_bytes"], "exchanges": exchanges, "tensors": tensors,
+            "compute_s": compute_s, "compress_s": overhead}
+
+
+def step_time(t: dict[str, Any], compute_s: float, nodes: int, net: Network) -> float:
+    """Projected seconds per step of traffic `t` at `nodes` nodes of one rank on `net`."""
+    stats = at_world_size(step_stats(t, compute_s, 0), 1, nodes)
+    return net.project(stats, nodes)[f"projected_step_s@{net.label}"]
+
+
+def hierarchy_grid(methods: dict[str, dict[str, Any]], compute_s: float,
+                   tensors: int) -> dict[str, dict[str, dict[str, float]]]:
+    """``nodes@Gbit/s`` -> method -> the flat and two-level projection at nodes of
+    `RANKS_PER_NODE` ranks with NVLink inside (`gracecomm.network.project_hierarchies`)."""
+    grid: dict[str, dict[str, dict[str, float]]] = {}
+    for bw in BANDWIDTHS_GBPS:
+        net = Network(bw, LATENCY_US, overhead=TCP_OVER_ETHERNET, intra_gbps=NVLINK_GBPS,
+                      intra_latency_us=NVLINK_LATENCY_US)
+        for method, t in methods.items():
+            cells = project_hierarchies(step_stats(t, compute_s, tensors), 1, net, NODES,
+                                        RANKS_PER_NODE)
+            for nodes, cell in cells.items():
+                grid.setdefault(f"{nodes}@{bw:g}", {})[method] = cell
+    return grid
 
 
 def steps_to_target(path: Path | None) -> dict[str, float]:
@@ -172,7 +210,10 @@ def project(tta: Path | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "assumptions": {"latency_us": LATENCY_US, "overhead": TCP_OVER_ETHERNET,
                         "hbm_bytes_per_s": HBM_BYTES_PER_S, "algorithms": "ring",
-                        "overlap": False, "ranks_per_node": 1},
+                        "overlap": False, "ranks_per_node": 1,
+                        "hierarchy": {"ranks_per_node": RANKS_PER_NODE,
+                                      "intra_gbps": NVLINK_GBPS,
+                                      "intra_latency_us": NVLINK_LATENCY_US}},
         "nodes": list(NODES), "bandwidths_gbps": list(BANDWIDTHS_GBPS),
         "load_before": list(os.getloadavg()), "tta_source": str(tta) if tta else None,
         "models": {}}
@@ -191,7 +232,8 @@ def project(tta: Path | None = None) -> dict[str, Any]:
         out["models"][model] = {
             "parameters": sum(math.prod(s) for s in shapes),
             "compute_s": compute, "compute_source": COMPUTE[model]["source"],
-            "methods": methods, "grid": grid}
+            "methods": methods, "grid": grid,
+            "hierarchy": hierarchy_grid(methods, compute, len(shapes))}
     out["load_after"] = list(os.getloadavg())
     return out
 

@@ -47,7 +47,14 @@ def network_of(result: dict[str, Any]) -> Network:
                    overhead=stored.get("overhead", TCP_OVER_ETHERNET),
                    broadcast=stored.get("broadcast", "tree"),
                    ranks_per_node=result.get("ranks_per_node", 1),
-                   host_gbps=stored.get("host_gbps"), overlap=stored.get("overlap", False))
+                   host_gbps=stored.get("host_gbps"), overlap=stored.get("overlap", False),
+                   intra_gbps=stored.get("intra_gbps"),
+                   intra_latency_us=stored.get("intra_latency_us"))
+
+
+def flat(row: dict[str, Any]) -> bool:
+    """Whether a netbench run exchanged flat (runs stored before hierarchies did)."""
+    return row.get("hierarchy", "flat") == "flat"
 
 
 def pct(a: float, b: float) -> str:
@@ -201,6 +208,52 @@ def render_projection(path: Path | str) -> str:
     return "\n".join(lines).rstrip()
 
 
+def render_hierarchies(path: Path | str) -> str:
+    """A netbench result with ``hierarchies=[flat,node]``: each method's flat run beside its
+    two-level run (``METHOD@node``): step time, the bytes the shaped links carried per step
+    (``tc``), their ratio, and the two-level step's projection."""
+    r = load(path)
+    by = {row["method"]: row for row in r["runs"]}
+    lines = [f"{setting(r)}", "", "| method | flat step ms | two-level step ms | speedup | "
+             "flat link KB/step | two-level link KB/step | ratio | two-level projected ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, row in by.items():
+        node = by.get(f"{name}@node")
+        if not flat(row) or node is None:
+            continue
+        flat_kb, node_kb = (x.get("cross_node_bytes_per_step") for x in (row, node))
+        traffic = (f"{flat_kb / 1000:.1f} | {node_kb / 1000:.1f} | {node_kb / flat_kb:.2f}x"
+                   if flat_kb and node_kb is not None else "- | - | -")
+        projected = f"{1e3 * node['projected_step_s']:.1f}" if node["comm_timed"] else "-"
+        lines.append(f"| `{name}` | {1e3 * row['step_s']:.1f} | {1e3 * node['step_s']:.1f} | "
+                     f"{row['step_s'] / node['step_s']:.2f}x | {traffic} | {projected} |")
+    return "\n".join([*lines, "", source(r)])
+
+
+def render_hierarchy_projection(path: Path | str) -> str:
+    """The projection's nodes of several GPUs (``experiments/cluster/projection.py``,
+    ``hierarchy``): per model, the two-level step's speedup over the flat step and the
+    bytes per node link per step it leaves, per method, at every node count and bandwidth."""
+    r = load(path)
+    setup = r["assumptions"]["hierarchy"]
+    lines = [f"Each cell: the projected speedup of the two-level exchange over the flat one "
+             f"/ the two-level exchange's bytes on each node's link as a fraction of the "
+             f"flat one's; nodes of {setup['ranks_per_node']} ranks, "
+             f"{setup['intra_gbps']:g} Gbit/s and {setup['intra_latency_us']:g} us inside "
+             f"a node.", ""]
+    for model, data in r["models"].items():
+        methods = list(data["methods"])
+        lines += [f"**{model}**", "", "| nodes @ Gbit/s | " + " | ".join(
+            f"`{m}`" for m in methods) + " |", "|---|" + "---|" * len(methods)]
+        for cell, values in data["hierarchy"].items():
+            lines.append(f"| {cell} | " + " | ".join(
+                f"{values[m]['speedup']:.2f}x / "
+                f"{values[m]['node_link_bytes'] / values[m]['flat_link_bytes']:.2f}"
+                for m in methods) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
 def crossover(paths: Sequence[Path | str], max_nodes: int = 1024) -> dict[str, Any]:
     """Measured step times at every node count of `paths` (``goal=step`` results at one
     bandwidth) and projected ones from 2 to `max_nodes` nodes: each method's smallest
@@ -218,7 +271,7 @@ def crossover(paths: Sequence[Path | str], max_nodes: int = 1024) -> dict[str, A
         for row in r["runs"]:
             measured.setdefault(row["method"], {})[r["world_size"]] = row["step_s"]
     for row in smallest["runs"]:
-        if not row["comm_timed"] or "stats" not in row:
+        if not row["comm_timed"] or "stats" not in row or not flat(row):
             continue
         projected[row["method"]] = {
             n: net.project(at_world_size(row["stats"], smallest["ranks"], n), n)[

@@ -136,7 +136,10 @@ def train_args(overrides: Sequence[str], run_dir: Path, timeout_s: float) -> lis
 
 
 class Loopback:
-    """Every rank in one namespace, its loopback shaped (`shaped_namespace`)."""
+    """Every rank in one namespace, its loopback shaped (`shaped_namespace`); its runs'
+    bytes are not counted (``train`` returns None)."""
+
+    counts_links = False
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
@@ -167,7 +170,11 @@ class Loopback:
 
 
 class Cluster:
-    """One namespace per node on a bridge, ranks started by torchrun (`EmulatedCluster`)."""
+    """One namespace per node on a bridge, ranks started by torchrun (`EmulatedCluster`);
+    ``train`` returns the bytes the nodes' links carried during the run
+    (`EmulatedCluster.link_bytes`)."""
+
+    counts_links = True
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
@@ -206,10 +213,12 @@ class Cluster:
         host = 8 * factor / TCP_OVER_ETHERNET * CALIBRATION_BYTES / excess / 1e9
         return replace(link, host_gbps=host if excess > 0 else None)
 
-    def train(self, overrides: Sequence[str], run_dir: Path, timeout_s: float) -> None:
+    def train(self, overrides: Sequence[str], run_dir: Path, timeout_s: float) -> int:
         assert self.cluster is not None
+        before = self.cluster.link_bytes()
         self.cluster.torchrun(train_args(overrides, run_dir, timeout_s), run_dir / "nodes",
                               timeout_s + 120)
+        return self.cluster.link_bytes() - before
 
 
 TOPOLOGY = {"loopback": Loopback, "cluster": Cluster}
