@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from gracecomm.metrics import Metrics
-from gracecomm.network import KINDS, bytes_key, calls_key, check_kind
+from gracecomm.network import NODE_PREFIX, bytes_key, calls_key, check_kind
 from gracecomm.wire import payload_nbytes
 
 
@@ -45,9 +45,6 @@ class CommunicationError(RuntimeError):
 
 Works = Sequence[Any]  # torch.distributed Work objects launched with async_op=True
 Rounds = Generator[Works, None, list[torch.Tensor]]
-
-NODE_PREFIX = "node_"  # of the metrics of collectives inside a node (`gracecomm.hierarchy`)
-NODE_KINDS = (*KINDS, "reduce")  # a node's collectives add reduce (to the tensor's owner)
 
 
 class Link:
@@ -77,9 +74,7 @@ class Link:
         (`NODE_PREFIX`) also ``intra_node_bytes``, the bytes of this rank's own tensor where
         it is a source of the collective (`source`), as ``wire_bytes`` counts payloads."""
         prefix = self.comm.metric_prefix
-        if prefix != NODE_PREFIX or kind not in NODE_KINDS:
-            check_kind(kind)
-        self.comm.metrics.add(prefix + calls_key(kind), 1)
+        self.comm.metrics.add(prefix + calls_key(check_kind(kind)), 1)
         self.comm.metrics.add(prefix + bytes_key(kind), nbytes)
         if prefix == NODE_PREFIX:
             self.comm.metrics.add("intra_node_bytes", nbytes if source else 0)

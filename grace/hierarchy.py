@@ -43,8 +43,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gracecomm.exchange import NODE_PREFIX, Collectives, Continuations
+from gracecomm.exchange import Collectives, Continuations
 from gracecomm.metrics import Metrics
+from gracecomm.network import NODE_PREFIX
 from gracecomm.validation import ConfigError, check_choice
 
 HIERARCHIES = ("flat", "node")  # the values of the ``hierarchy`` option

@@ -145,12 +145,15 @@ def bytes_key(kind: str) -> str:
     return f"coll_{kind}_bytes"
 
 
+NODE_PREFIX = "node_"  # of the metrics of collectives inside a node (`gracecomm.hierarchy`)
+
+
 def node_calls_key(kind: str) -> str:
-    return f"node_coll_{kind}_calls"
+    return NODE_PREFIX + calls_key(kind)
 
 
 def node_bytes_key(kind: str) -> str:
-    return f"node_coll_{kind}_bytes"
+    return NODE_PREFIX + bytes_key(kind)
 
 
 COLLECTIVE_KEYS = tuple(key(k) for k in KINDS for key in (calls_key, bytes_key))

@@ -227,11 +227,12 @@ def check_scale(cfg: DictConfig) -> None:
         check_choice(exp.scale, presets, f"experiment '{exp.get('name', '?')}'", "scale")
 
 
-def configured_networks(cfg: DictConfig) -> list[Network]:
-    """The networks of ``network.bandwidth_gbps`` x ``network.latency_us`` (gracecomm.network);
-    ``network.shared``: all ranks' traffic crosses one link."""
+def configured_networks(cfg: DictConfig, ranks_per_node: int = 1) -> list[Network]:
+    """The networks of ``network.bandwidth_gbps`` x ``network.latency_us`` (gracecomm.network)
+    for nodes of `ranks_per_node` ranks; ``network.shared``: all ranks' traffic crosses one
+    link."""
     return networks(cfg.network.bandwidth_gbps, cfg.network.latency_us,
-                    cfg.network.get("shared", False))
+                    cfg.network.get("shared", False), ranks_per_node)
 
 
 def check_model_fits_data(cfg: DictConfig) -> None:

@@ -12,12 +12,11 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from gracecomm.exchange import NODE_KINDS, NODE_PREFIX
 from gracecomm.network import (
     COLLECTIVE_KEYS,
+    LEVEL_KEYS,
+    NODE_COLLECTIVE_KEYS,
     Network,
-    bytes_key,
-    calls_key,
     overhead_time,
     project,
 )
@@ -26,12 +25,9 @@ from gracecomm.validation import (
     check_choice,
 )
 
-# the two-level exchange's collectives inside a node (gracecomm.hierarchy)
-NODE_COLLECTIVE_KEYS = tuple(NODE_PREFIX + key(k) for k in NODE_KINDS
-                             for key in (calls_key, bytes_key))
 SUMMED_KEYS = ("dense_bytes", "wire_bytes", "sent_bytes", "downlink_bytes", "compress_s",
                "decompress_s", "memory_s", "comm_s", "step_s", "exchanges", *COLLECTIVE_KEYS,
-               "cross_node_bytes", "intra_node_bytes", *NODE_COLLECTIVE_KEYS)
+               *LEVEL_KEYS, *NODE_COLLECTIVE_KEYS)
 STARTUP = "startup_"  # prefix of the totals of start-up steps (see `accumulate`)
 
 

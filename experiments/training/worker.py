@@ -144,9 +144,10 @@ class Worker:
         torch.manual_seed(cfg.seed)
         self.data = instantiate(cfg.data, allow_any_target=self.allow)
         self.task = make_task(self.data.task, self.data.task_options)
-        self.nets = configured_networks(cfg)
         self.model = instantiate(cfg.model, allow_any_target=self.allow).to(self.device)
         self.grace = build_grace(cfg)
+        layout = self.grace.node_layout()  # two levels: priced on nodes of its ranks
+        self.nets = configured_networks(cfg, 1 if layout is None else layout.ranks_per_node)
         parts = setup_parts(cfg, self.model, world_size)
         verify_same_on_all_ranks(parts)
         self.fingerprint = str(stable_hash(sorted(parts.items())))
