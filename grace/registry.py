@@ -268,6 +268,25 @@ def options_of(cls: type) -> dict[str, inspect.Parameter] | None:
             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
 
 
+def check_known(keys: Iterable[str], allowed: Iterable[str], owner: str) -> None:
+    """Refuse a key that is not among the allowed ones.
+
+    Args:
+        keys: The options given.
+        allowed: The options there are.
+        owner: Who takes them, for messages.
+
+    Raises:
+        ConfigError: ``owner: unknown option 'x'. Did you mean 'y'? Options: ...``.
+    """
+    allowed = list(allowed)
+    listed = f"Options: {', '.join(allowed)}" if allowed else "It takes no options."
+    for key in keys:
+        if key not in allowed:
+            raise ConfigError(f"{owner}: unknown option '{key}'.{did_you_mean(key, allowed)} "
+                              f"{listed}")
+
+
 def check_options(cls: type, options: Mapping[str, Any], owner: str) -> None:
     """Check options against a class's constructor.
 
@@ -283,11 +302,8 @@ def check_options(cls: type, options: Mapping[str, Any], owner: str) -> None:
     allowed = options_of(cls)
     if allowed is None:
         return
+    check_known(options, allowed, owner)
     listed = f"Options: {', '.join(allowed)}" if allowed else "It takes no options."
-    for key in options:
-        if key not in allowed:
-            raise ConfigError(f"{owner}: unknown option '{key}'.{did_you_mean(key, allowed)} "
-                              f"{listed}")
     for key, param in allowed.items():
         if param.default is inspect.Parameter.empty and key not in options:
             raise ConfigError(f"{owner}: option '{key}' is required. {listed}")

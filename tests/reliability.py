@@ -283,7 +283,7 @@ def invalid_options_are_named(tmp: Path) -> str:
     cases = [(("trainer.eval_every=0",), ("eval_every", "[1, inf)")),
              (("trainer.collective_timeout_s=-5",), ("collective_timeout_s", "(0.0, inf)")),
              (("trainer.collective_timeout_s=0",), ("collective_timeout_s", "(0.0, inf)")),
-             (("+trainer.lrr=0.1",), ("unknown option 'lrr'", "did you mean 'lr'")),
+             (("+trainer.lrr=0.1",), ("unknown option 'lrr'", "Did you mean 'lr'")),
              (("logger=wandb", "logger.mode=bogus"), ("'mode'", "online")),
              (("logger=wandb", "+logger.projcet=x"), ("projcet", "project"))]
     for overrides, words in cases:

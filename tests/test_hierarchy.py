@@ -282,8 +282,11 @@ def test_option_in_hook_frameworks_and_trainer_config() -> None:
     assert exchange_options(OmegaConf.create({}))["hierarchy"] == "flat"
     cfg = OmegaConf.create({"exchange": {"hierarchy": "node"}})
     assert exchange_options(cfg) == {"hierarchy": "node"}
-    with pytest.raises(ConfigError, match="exchange: unknown option 'hierachy' "
-                                          r"\(did you mean 'hierarchy'\?\)"):
+    with pytest.raises(ConfigError, match="exchange: unknown option 'hierachy'. "
+                                          r"Did you mean 'hierarchy'\?"):
         exchange_options(OmegaConf.create({"exchange": {"hierachy": "node"}}))
+    with pytest.raises(ConfigError, match="hierarchy=node.*trainer.exchange=torch.*flat"):
+        exchange_options(OmegaConf.create({"exchange": {"hierarchy": "node"},
+                                           "trainer": {"exchange": "torch"}}))
     with pytest.raises(ConfigError, match="exchange: option 'hierarchy' must be one of"):
         exchange_options(OmegaConf.create({"exchange": {"hierarchy": "nodes"}}))

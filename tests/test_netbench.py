@@ -46,13 +46,16 @@ def test_plan_puts_the_baseline_first_and_sync_variants_after_their_method():
 
 
 def test_each_method_runs_once_per_hierarchy_the_node_run_named_for_it():
-    runs = plan(config(topology="cluster", methods=["topk"], hierarchies=["flat", "node"]))
-    assert [name for name, _ in runs] == ["ddp", "ddp@node", "topk", "topk@node", "topk_sync",
-                                          "topk_sync@node"]
+    runs = plan(config(topology="cluster", methods=["topk", "torch_fp16"],
+                       hierarchies=["flat", "node"]))
+    # PyTorch's own exchange (plain DDP, its hooks) is flat: no node run
+    assert [name for name, _ in runs] == ["ddp", "topk", "topk@node", "topk_sync",
+                                          "topk_sync@node", "torch_fp16"]
     by = dict(runs)
     assert by["topk@node"] == [*by["topk"], "exchange.hierarchy=node"]  # flat: the default
     assert not any("hierarchy" in o for o in by["topk"])
-    assert [hierarchy_of(name) for name in by] == ["flat", "node"] * 3
+    assert [hierarchy_of(name) for name in by] == ["flat", "flat", "node", "flat", "node",
+                                                   "flat"]
 
 
 def test_link_bytes_per_step_leave_out_the_setup_run():

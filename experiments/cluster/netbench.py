@@ -28,7 +28,8 @@ latency is measured on the shaped network by a calibration of small allreduces.
 
 ``hierarchies`` (``flat``, ``node``; default ``[flat]``): each method runs once per
 hierarchy, the ``node`` run with ``exchange.hierarchy=node`` (dense inside a node,
-compressed across nodes; ``topology=cluster`` only) and named ``METHOD@node``; a ``flat``
+compressed across nodes; ``topology=cluster`` only) and named ``METHOD@node``, except for
+methods that run PyTorch's own exchange (``ddp``, ``torch_*``: flat only); a ``flat``
 run passes nothing (flat is the trainer's default) and keeps the method's name. On the
 cluster, every run's ``cross_node_bytes_per_step`` is counted by the links themselves: the
 bytes the nodes' uplinks sent (``tc -s``, `gracecomm.experiments.cluster.emulation.
@@ -225,10 +226,13 @@ def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
         variants = [(name, overrides)]
         if cfg.also_sync and cfg.goal == "step" and presets.exchange(name) == "hook":
             variants.append((f"{name}_sync", [*overrides, "trainer.exchange=hook_sync"]))
+        # PyTorch's own exchange (plain DDP, its hooks) is flat: its runs are not repeated
+        hierarchies = [str(h) for h in cfg.hierarchies
+                       if h == "flat" or presets.exchange(name) != "torch"]
         for variant, variant_overrides in variants:
             runs += [(variant, variant_overrides) if h == "flat" else
                      (f"{variant}@{h}", [*variant_overrides, f"exchange.hierarchy={h}"])
-                     for h in map(str, cfg.hierarchies)]
+                     for h in hierarchies]
     return runs
 
 

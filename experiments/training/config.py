@@ -5,7 +5,6 @@ mode and the optimizer."""
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
 import os
@@ -39,7 +38,7 @@ from gracecomm.network import (
     networks,
 )
 from gracecomm.pipeline import AUTO, default_part
-from gracecomm.registry import check_options
+from gracecomm.registry import check_known, check_options
 from gracecomm.validation import (
     ConfigError,
     MissingDependencyError,
@@ -176,12 +175,7 @@ def check_trainer_options(trainer: DictConfig) -> None:
     ``+trainer.lrr=0.1`` would otherwise be ignored)."""
     known = sorted({key for path in (CONFIG_DIR / "trainer").glob("*.yaml")
                     for key in OmegaConf.load(path)})
-    for key in trainer:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"trainer: unknown option '{key}'{hint}; the options are "
-                              f"{', '.join(known)}")
+    check_known(trainer, known, "trainer")
 
 
 EXCHANGE_DEFAULTS = {"hierarchy": FLAT}  # configs/train.yaml's ``exchange:`` node
@@ -191,14 +185,13 @@ def exchange_options(cfg: DictConfig) -> dict[str, Any]:
     """The ``exchange.*`` options (configs/train.yaml), defaults filled in, checked: an
     unknown key is refused with the closest known one, a bad value with the allowed ones."""
     given = cfg.get("exchange") or {}
-    for key in given:
-        if key not in EXCHANGE_DEFAULTS:
-            close = difflib.get_close_matches(str(key), list(EXCHANGE_DEFAULTS), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"exchange: unknown option '{key}'{hint}; the options are "
-                              f"{', '.join(EXCHANGE_DEFAULTS)}")
+    check_known(given, EXCHANGE_DEFAULTS, "exchange")
     options = {**EXCHANGE_DEFAULTS, **given}
-    check_hierarchy(options["hierarchy"], "exchange")
+    torch_exchange = (cfg.get("trainer") or {}).get("exchange") == "torch"
+    if check_hierarchy(options["hierarchy"], "exchange") != FLAT and torch_exchange:
+        raise ConfigError(f"exchange: option 'hierarchy={options['hierarchy']}' needs this "
+                          "library's exchange; trainer.exchange=torch runs PyTorch's own, "
+                          "which is flat (use trainer.exchange=hook, hook_sync or step)")
     return options
 
 
