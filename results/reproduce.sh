@@ -28,7 +28,7 @@ steps=("$@")
   powersgd_vs_torch hook long_run netbench bench_lgc lgc_phase3 netbench_lgc bench_quality \
   bench_step bench_buffers \
   cluster_step cluster_pinning cluster_model cluster_collectives cluster_tta cluster_tta8 \
-  cluster_projection)
+  cluster_projection cluster_hierarchy cluster_hierarchy_tta)
 
 run() {  # run CMD...: one command of the current step, recorded in its stamp
   python results/stamp.py command "$step" -- "$@"
@@ -85,6 +85,8 @@ store() {  # store NAME [VAR=VALUE...] CMD ARGS...: one gracecomm-bench or grace
 TTA_METHODS='methods=[ddp,torch_fp16,torch_powersgd,dense,fp16,topk,dgc,sidco_e,natural,qsgd,powersgd,efsignsgd,randomk,dr_bf_p0]'
 TTA_DATA='overrides=["model=resnet20","data=prototypes","data.noise=3"]'
 MODEL_METHODS='methods=[ddp,fp16,torch_fp16,topk,dgc,randomk,powersgd_parity,torch_powersgd]'
+# the two-level exchange (exchange.hierarchy=node) against the flat one, nodes of 2 ranks
+HIERARCHY=(topology=cluster ranks_per_node=2 'hierarchies=[flat,node]')
 
 for step in "${steps[@]}"; do
   echo "=== $step"
@@ -286,6 +288,17 @@ for step in "${steps[@]}"; do
       run python -m gracecomm.experiments.cluster.projection \
         "$new"/projection.json --tta results/cluster_tta/4n_100mbit.json \
         --plot "$new"/projection.png | tee "$new"/projection.txt ;;
+    cluster_hierarchy)  # needs root: 4 nodes x 2 ranks (and 2 x 2), flat against two levels
+      for mbit in 10 100 1000; do
+        store "4x2_${mbit}mbit" gracecomm-netbench "${HIERARCHY[@]}" world_size=4 \
+          bandwidth_mbps=$mbit also_sync=false rounds=1 steps=15 warmup_steps=5 \
+          'methods=[ddp,fp16,topk,dgc,sidco_e,powersgd,dr_bf_p0]'
+      done
+      store 2x2_100mbit gracecomm-netbench "${HIERARCHY[@]}" world_size=2 bandwidth_mbps=100 \
+        also_sync=false rounds=1 steps=15 warmup_steps=5 'methods=[ddp,fp16,topk,powersgd]' ;;
+    cluster_hierarchy_tta)  # needs root: time to accuracy of Top-1%, flat and two levels
+      store 4x2_10mbit gracecomm-netbench "${HIERARCHY[@]}" goal=accuracy world_size=4 \
+        bandwidth_mbps=10 'methods=[ddp,topk]' "$TTA_DATA" timeout_s=1800 ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;
   esac
   python results/stamp.py end "$step"
