@@ -10,12 +10,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from gracecomm.experiments.training.config import compose_config as compose_train  # noqa: F401
 from gracecomm.experiments.training.launch import spawn
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def slow_dtypes(*dtypes: torch.dtype) -> list[Any]:
+    """`dtypes` as parameters of the slow tier: each compiles its own numba kernels (seconds
+    each on a fresh machine), so the fast tier checks float32 and the whole suite the rest."""
+    return [pytest.param(d, marks=pytest.mark.slow, id=str(d).removeprefix("torch."))
+            for d in dtypes]
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any,

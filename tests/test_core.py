@@ -15,7 +15,7 @@ from gracecomm.compressor import TensorInfo
 from gracecomm.rng import SharedStreams, stable_hash
 from gracecomm.sparse import desparsify, sparse_mean
 from gracecomm.validation import ConfigError, NonFiniteError, PayloadError, num_kept
-from tests.helpers import same, state_tensors
+from tests.helpers import same, slow_dtypes, state_tensors
 
 CORE = ["none", "fp16", "bf16", "topk", "randomk", "threshold"]
 
@@ -26,7 +26,8 @@ def payload_bytes(grace_obj):
 
 @pytest.mark.parametrize("name", CORE)
 @pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 5, 2)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, *slow_dtypes(torch.float64, torch.float16,
+                                                              torch.bfloat16)])
 def test_shape_and_dtype_preserved(name, shape, dtype):
     g = gracecomm.build(name, "none")
     t = torch.randn(shape).to(dtype)

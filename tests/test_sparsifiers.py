@@ -30,6 +30,7 @@ from gracecomm.memories.residual import ResidualMemory
 from gracecomm.metrics import Metrics
 from gracecomm.needs import Need
 from gracecomm.validation import ConfigError, NonFiniteError, numba_available
+from tests.helpers import slow_dtypes
 
 D_BIG = 2_621_440
 D_SMALL = 262_144
@@ -366,7 +367,7 @@ def test_numba_and_torch_backends_agree():
 
 
 @pytest.mark.skipif(not numba_available(), reason="numba not installed")
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, *slow_dtypes(torch.float64, torch.bfloat16)])
 def test_selections_counted_past_full_buffers_in_every_key_width(dtype):
     """A selection whose per-chunk buffers fill up (an expected count far too small) counts
     the rest of each chunk block by block and rescans it: the same positions as torch's,
@@ -380,7 +381,7 @@ def test_selections_counted_past_full_buffers_in_every_key_width(dtype):
 
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, *slow_dtypes(torch.float64)])
 def test_log_sums_are_float64_logarithms(dtype):
     """`moments(..., logs=True)` (the gamma fit of SIDCo's first stage) sums ln|x| over the
     exceedances as float64 logarithms would: each backend, the numba kernel's logarithm
@@ -659,7 +660,7 @@ def test_exact_guard_inside_a_pool_selects_as_over_the_tensor(backend, monkeypat
     assert eta_pooled == eta_whole and torch.equal(pooled, whole) and pooled.numel() == 2097
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, *slow_dtypes(torch.float64)])
 def test_pools_filter_in_place_as_selections_do(dtype):
     """A pool of |x| >= t, filtered in place at rising thresholds, holds what a selection
     from the whole tensor holds, and the moments it takes as it collects and filters are

@@ -211,12 +211,13 @@ def render_projection(path: Path | str) -> str:
 def render_hierarchies(path: Path | str) -> str:
     """A netbench result with ``hierarchies=[flat,node]``: each method's flat run beside its
     two-level run (``METHOD@node``): step time, the bytes the shaped links carried per step
-    (``tc``), their ratio, and the two-level step's projection."""
+    (``tc``), their ratio, and the two-level step's projection and its error."""
     r = load(path)
     by = {row["method"]: row for row in r["runs"]}
-    lines = [f"{setting(r)}", "", "| method | flat step ms | two-level step ms | speedup | "
-             "flat link KB/step | two-level link KB/step | ratio | two-level projected ms |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"{setting(r)}{contention(r)}", "",
+             "| method | flat step ms | two-level step ms | speedup | flat link KB/step | "
+             "two-level link KB/step | ratio | two-level projected ms | error |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, row in by.items():
         node = by.get(f"{name}@node")
         if not flat(row) or node is None:
@@ -224,7 +225,9 @@ def render_hierarchies(path: Path | str) -> str:
         flat_kb, node_kb = (x.get("cross_node_bytes_per_step") for x in (row, node))
         traffic = (f"{flat_kb / 1000:.1f} | {node_kb / 1000:.1f} | {node_kb / flat_kb:.2f}x"
                    if flat_kb and node_kb is not None else "- | - | -")
-        projected = f"{1e3 * node['projected_step_s']:.1f}" if node["comm_timed"] else "-"
+        projected = (f"{1e3 * node['projected_step_s']:.1f} | "
+                     f"{pct(node['projected_step_s'], node['step_s'])}"
+                     if node["comm_timed"] else "- | -")
         lines.append(f"| `{name}` | {1e3 * row['step_s']:.1f} | {1e3 * node['step_s']:.1f} | "
                      f"{row['step_s'] / node['step_s']:.2f}x | {traffic} | {projected} |")
     return "\n".join([*lines, "", source(r)])

@@ -6,6 +6,8 @@
     <!-- render: cluster_model -->               every run of cluster_model, measured and projected
     <!-- render: cluster_collectives -->         Gloo's collectives alone against the model
     <!-- render: cluster_projection -->          past this machine, on paper
+    <!-- render: cluster_hierarchy STEP NAME -->  flat beside two-level runs (hierarchies=[...])
+    <!-- render: cluster_hierarchy_projection --> two levels past this machine, on paper
     cluster_model_error MBIT FORMAT                  (a value) the largest error of a projected
                                                      speedup at MBIT Mbit/s, over every node count
 
@@ -82,6 +84,22 @@ def projection(ctx: Context) -> str:
             ctx.step("cluster_projection").path("projection.json")))
 
 
+def hierarchy(ctx: Context, name: str, run: str) -> str:
+    return ctx.pending(name) or as_stamped(ctx, name, cluster_report.render_hierarchies(
+        ctx.step(name).path(f"{run}.json")))
+
+
+def hierarchy_projection(ctx: Context) -> str:
+    if note := ctx.pending("cluster_projection"):
+        return note
+    path = ctx.step("cluster_projection").path("projection.json")
+    if "hierarchy" not in json.loads(path.read_text(encoding="utf-8"))["assumptions"]:
+        return ("*Not recorded yet*: the stored projection predates the two-level exchange; "
+                "`bash results/reproduce.sh cluster_projection` projects it.")
+    return as_stamped(ctx, "cluster_projection",
+                      cluster_report.render_hierarchy_projection(path))
+
+
 RENDERERS = {
     "cluster_step": step,
     "cluster_tta": tta,
@@ -89,4 +107,6 @@ RENDERERS = {
     "cluster_model_error": model_error,
     "cluster_collectives": collectives,
     "cluster_projection": projection,
+    "cluster_hierarchy": hierarchy,
+    "cluster_hierarchy_projection": hierarchy_projection,
 }
