@@ -175,3 +175,14 @@ def test_hierarchy_tables(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps(projection))
     assert "| 16@1 | 2.00x / 0.12 |" in cluster_report.render_hierarchy_projection(
         tmp_path / "p.json")
+
+
+def test_a_method_that_missed_the_target_never_wins_where_the_projection_knows_it():
+    from gracecomm.experiments.cluster.projection import winners
+    grid = {"16@1": {"step_s": {"ddp": 1.0, "topk": 0.5, "randomk": 0.2},
+                     "tta_s": {"ddp": 100.0, "topk": 60.0}}}  # randomk missed the target
+    projection = {"tta_source": "tta.json", "models": {"m": {"grid": grid}}}
+    assert winners(projection, "m") == {(16, 1.0): ("topk", 2.0)}
+    assert winners(projection, "m", "tta_s") == {(16, 1.0): ("topk", 100.0 / 60.0)}
+    projection["tta_source"] = None  # no evidence: the shortest step wins
+    assert winners(projection, "m") == {(16, 1.0): ("randomk", 5.0)}

@@ -240,11 +240,15 @@ def project(tta: Path | None = None) -> dict[str, Any]:
 
 def winners(projection: dict[str, Any], model: str, key: str = "step_s"
             ) -> dict[tuple[int, float], tuple[str, float]]:
-    """(nodes, Gbit/s) -> (fastest method, its speedup over ddp) by `key`."""
+    """(nodes, Gbit/s) -> (fastest method, its speedup over ddp) by `key`; where the
+    projection carries time-to-accuracy evidence, a method that missed the target there
+    never wins, however short its step."""
     out = {}
     for cell, values in projection["models"][model]["grid"].items():
         nodes, bw = cell.split("@")
         times = values[key]
+        if projection["tta_source"]:
+            times = {m: t for m, t in times.items() if m in values["tta_s"]}
         if not times or "ddp" not in times:
             continue
         best = min(times, key=times.get)
