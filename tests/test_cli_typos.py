@@ -61,6 +61,7 @@ def build_message(name: str, **options) -> str:
     ("gpucheck", "ddp.stepz=1", ["unknown option 'ddp.stepz'.", "Did you mean 'ddp.steps'?",
                                  "Options of ddp: methods, steps"]),
     ("bench", "methds=[topk]", ["unknown option 'methds'.", "Did you mean 'methods'?"]),
+    ("advise", "nodez=8", ["unknown option 'nodez'.", "Did you mean 'nodes'?"]),
 ])
 def test_an_unknown_option_is_named_with_the_close_name(config, override, words):
     message = refusal(config, override)
@@ -123,6 +124,7 @@ def test_the_options_check_passes_the_shipped_configs_and_leaves_required_option
     ("gracecomm-gpucheck", ["sizez=[1]"], ["'sizes'"]),
     ("gracecomm-gpucheck", ["device=cpu", "ddp.stepz=1"], ["'ddp.steps'"]),
     ("gracecomm-gpucheck", ["tolerance.statistic=0.1"], ["'tolerance.statistics'"]),
+    ("gracecomm-advise", ["bandwidth_mbs=10"], ["'bandwidth_mbps'"]),
 ])
 def test_a_misspelt_command_line_ends_in_one_line(tmp_path, name, args, words):
     proc = console_script(name, tmp_path, *args)
@@ -145,6 +147,8 @@ def test_a_misspelt_command_line_ends_in_one_line(tmp_path, name, args, words):
     ("gracecomm-gpucheck", ["device: cuda", "check_numel: 262161", "budget_s: 400"],
      ["compressor: bf16", "== Config groups", "bandwidth_mbps"]),
     ("gracecomm-report", ["--out", "--no-plots", "source"], ["bandwidth_mbps"]),
+    ("gracecomm-advise", ["nodes: 4", "ranks_per_node: 1", "evidence: null"],
+     ["compressor: bf16", "== Config groups", "epochs:"]),
 ])
 def test_help_shows_the_command_s_own_options_with_their_defaults(tmp_path, name, own, foreign):
     exe = Path(sys.executable).parent / name

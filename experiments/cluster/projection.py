@@ -56,7 +56,6 @@ import argparse
 import json
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +63,7 @@ import torch
 
 from gracecomm.config import instantiate
 from gracecomm.experiments import presets
+from gracecomm.experiments.bench.timing import best_of_each
 from gracecomm.experiments.reports.plots import save_figure
 from gracecomm.experiments.training.config import build_grace
 from gracecomm.network import (
@@ -133,11 +133,13 @@ def buckets(dense_bytes: int) -> int:
     return 1 + math.ceil(max(0, dense_bytes - FIRST_BUCKET_BYTES) / BUCKET_BYTES)
 
 
-def traffic(method: str, shapes: list[tuple[int, ...]], seed: int = 0) -> dict[str, Any]:
+def traffic(method: str, shapes: list[tuple[int, ...]], seed: int = 0,
+            device: str = "cpu") -> dict[str, Any]:
     """Per-step statistics of `method` on gradients of `shapes` (module docstring): payload
-    bytes per rank, the collectives' kind and calls, and the pipeline's cost in reads."""
+    bytes per rank, the collectives' kind and calls, and the pipeline's cost in reads of the
+    gradient and in seconds (this process's CPU time; on a CUDA `device`, its time there)."""
     torch.manual_seed(seed)
-    named = [(f"p{i}", torch.randn(s)) for i, s in enumerate(shapes)]
+    named = [(f"p{i}", torch.randn(s, device=device)) for i, s in enumerate(shapes)]
     dense = 4 * sum(t.numel() for _, t in named)
     cfg = presets.compose(method)
     grace = build_grace(cfg)
@@ -145,20 +147,14 @@ def traffic(method: str, shapes: list[tuple[int, ...]], seed: int = 0) -> dict[s
     kind = grace.communicator.registry_name
     grace.step_many(named)  # warm-up: buffers, kernels, PowerSGD's Q
     grace.metrics.pop()
-    times, reads = [], []
-    for _ in range(2):
-        start = time.process_time()
-        grace.step_many(named)
-        times.append(time.process_time() - start)
-        start = time.process_time()
-        for _, t in named:
-            t.sum()
-        reads.append(time.process_time() - start)
+    step_s, read_s = best_of_each([lambda: grace.step_many(named),
+                                   lambda: [t.sum() for _, t in named]], repeats=2, warmup=0,
+                                  cuda=torch.device(device).type == "cuda")
     wire = grace.metrics.pop()["wire_bytes"] / 2
     rounds = 2 if (compressor.registry_name == "powersgd"
                    or (kind == "allgather" and not compressor.capabilities().fixed_size)) else 1
     return {"method": method, "communicator": kind, "wire_bytes": wire, "dense_bytes": dense,
-            "calls_per_bucket": rounds, "reads": min(times) / min(reads)}
+            "calls_per_bucket": rounds, "reads": step_s / read_s, "pipeline_s": step_s}
 
 
 def step_stats(t: dict[str, Any], compute_s: float, tensors: int) -> dict[str, float]:

@@ -1,0 +1,88 @@
+"""`gracecomm-advise`: options refused up front, the ranking's rules (stored evidence first,
+a method that missed the target never recommended), and the command's last line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from gracecomm.experiments.cluster import advise
+from gracecomm.validation import ConfigError
+from tests.helpers import console_script
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "advise.yaml"
+MLP = {"model": "mlp", "data": "digits", "batch_size": 8}
+
+
+def config(**options):
+    cfg = OmegaConf.load(CONFIG)
+    del cfg["hydra"]
+    return OmegaConf.merge(cfg, options)
+
+
+def evidence(tmp_path: Path, reached: dict[str, int | None]) -> Path:
+    """A goal=accuracy netbench result: steps to the target per method (None: missed)."""
+    runs = [{"method": m, "reached_target": steps is not None, "steps_to_target": steps or 300}
+            for m, steps in reached.items()]
+    path = tmp_path / "tta.json"
+    path.write_text(json.dumps({
+        "runs": runs, "world_size": 4, "bandwidth_mbps": 100.0, "target_accuracy": 0.93,
+        "provenance": {"command": 'gracecomm-netbench overrides=["model=mlp","data=digits"]'}}))
+    return path
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    ({"nodes": 1}, "option 'nodes'"),
+    ({"ranks_per_node": 0}, "option 'ranks_per_node'"),
+    ({"bandwidth_mbps": float("inf")}, "'bandwidth_mbps' must be a positive, finite"),
+    ({"intra_gbps": -1}, "'intra_gbps' must be a positive, finite"),
+    ({"methods": []}, "at least one method preset"),
+    ({"methods": ["topkk"]}, "Did you mean 'topk'"),
+    ({"evidence": "/nonexistent/tta.json"}, "option 'evidence' names /nonexistent/tta.json"),
+])
+def test_bad_options_are_refused_before_any_timing(options, words):
+    with pytest.raises(ConfigError, match=words):
+        advise.validate(config(**options))
+
+
+@pytest.mark.slow  # times a training step and four methods
+def test_evidence_ranks_first_and_a_miss_is_never_recommended(tmp_path):
+    cfg = config(workload=MLP, repeats=1,
+                 methods=["randomk", "ddp", "fp16", "topk"],
+                 evidence=str(evidence(tmp_path, {"ddp": 50, "topk": 80, "randomk": None})))
+    result = advise.rank(cfg)
+    order = [row["method"] for row in result["ranking"]]
+    by = {row["method"]: row for row in result["ranking"]}
+    reached = sorted(("ddp", "topk"), key=lambda m: by[m]["time_to_target_s"])
+    assert order == [*reached, "fp16", "randomk"]  # evidence, then unknown, then the miss
+    assert by["topk"]["time_to_target_s"] == pytest.approx(80 * by["topk"]["step_s"])
+    assert by["fp16"]["time_to_target_s"] is None and by["fp16"]["evidence"].startswith("unknown")
+    assert by["randomk"]["missed"] and "not recommended" in by["randomk"]["evidence"]
+    assert "model=mlp,data=digits, 4 nodes at 100 Mbit/s" in by["ddp"]["evidence"]
+    table = advise.table(result)
+    assert "| - | `randomk` |" in table and "| 1 | " in table
+    line = advise.summary_line(result)
+    assert set(line) == {"nodes", "ranks_per_node", "bandwidth_mbps", "ranking"}
+    assert [r["method"] for r in line["ranking"]] == order
+
+
+@pytest.mark.slow  # times a training step and two methods
+def test_nodes_of_several_ranks_project_this_librarys_methods_in_two_levels(tmp_path):
+    cfg = config(workload=MLP, repeats=1, ranks_per_node=4,
+                 methods=["ddp", "topk"], evidence=str(evidence(tmp_path, {})))
+    by = {row["method"]: row for row in advise.rank(cfg)["ranking"]}
+    assert (by["ddp"]["hierarchy"], by["topk"]["hierarchy"]) == ("flat", "node")
+
+
+@pytest.mark.slow
+def test_the_command_prints_the_ranking_and_its_json_last(tmp_path):
+    proc = console_script("gracecomm-advise", tmp_path, "workload.model=mlp",
+                          "workload.data=digits", "methods=[ddp,topk]", "repeats=1",
+                          f"evidence={evidence(tmp_path, {'ddp': 50, 'topk': 80})}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["nodes"] == 4 and {r["method"] for r in last["ranking"]} == {"ddp", "topk"}
+    assert "| rank | method |" in proc.stdout, proc.stdout
