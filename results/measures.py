@@ -36,6 +36,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "netbench": NETBENCH, "netbench_lgc": NETBENCH,
     "cluster_step": NETBENCH, "cluster_pinning": NETBENCH, "cluster_model": NETBENCH,
     "cluster_tta": NETBENCH, "cluster_tta8": NETBENCH, "cluster_hierarchy": NETBENCH,
+    "cluster_hierarchy_1000mbit": NETBENCH,
     "cluster_hierarchy_tta": NETBENCH,
     "cluster_collectives": ("grace/network.py", "experiments/cluster/"),
     "cluster_projection": ("grace/network.py", "experiments/cluster/"),

@@ -214,7 +214,7 @@ def render_hierarchies(path: Path | str) -> str:
     (``tc``), their ratio, and the two-level step's projection and its error."""
     r = load(path)
     by = {row["method"]: row for row in r["runs"]}
-    lines = [f"{setting(r)}{contention(r)}", "",
+    lines = [f"{setting(r)}{hosts(r)}{contention(r)}", "",
              "| method | flat step ms | two-level step ms | speedup | flat link KB/step | "
              "two-level link KB/step | ratio | two-level projected ms | error |",
              "|---|---|---|---|---|---|---|---|---|"]
