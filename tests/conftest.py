@@ -1,5 +1,5 @@
-"""The fast tier, ``python -m pytest -m "not slow" -n 2``, starts no process: a test that starts
-ranks or subprocesses (multi-rank Gloo runs, the command-line entry points, training runs,
+"""The fast tier, ``python -m pytest -m "not slow" -n 2 --dist worksteal``, starts no process:
+a test that starts ranks or subprocesses (multi-rank Gloo runs, the command-line entry points, training runs,
 benchmark scripts) fails unless it is marked ``slow`` (pyproject.toml describes the marker;
 CI runs every test).
 

@@ -179,5 +179,5 @@ def test_readme_is_short_and_starts_with_the_two_commands():
     assert first.endswith("pip install -e . && gracecomm-train"), first
     assert second in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines(), (
         "the README's test command must be the line .ci/run runs")
-    assert 'python -m pytest -m "not slow" -n 2' in readme
+    assert 'python -m pytest -m "not slow" -n 2 --dist worksteal' in readme
     assert "\n## First run\n" in readme
