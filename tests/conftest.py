@@ -1,7 +1,7 @@
 """The fast tier, ``python -m pytest -m "not slow" -n 2 --dist worksteal``, starts no process:
-a test that starts ranks or subprocesses (multi-rank Gloo runs, the command-line entry points, training runs,
-benchmark scripts) fails unless it is marked ``slow`` (pyproject.toml describes the marker;
-CI runs every test).
+a test that starts ranks or subprocesses (multi-rank Gloo runs, the command-line entry
+points, training runs, benchmark scripts) fails unless it is marked ``slow`` (pyproject.toml
+describes the marker; CI runs every test).
 
 Caches a fresh machine lacks are built before the first test, outside the guard: matplotlib's
 font cache (`matplotlib_font_cache`), whose first build lists the system fonts with
