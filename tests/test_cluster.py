@@ -213,9 +213,13 @@ def test_ctrl_c_of_the_launcher_leaves_nothing(tmp_path):
     try:
         wait_for_training(tmp_path / "ddp.0", proc, 300)
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the launcher's group
-        _, err = proc.communicate(timeout=120)
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
+    steps = (tmp_path / "ddp.0" / "metrics.jsonl").read_text().count('"type": "step"')
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, (
+        f"exit {proc.returncode} {time.monotonic() - sent:.1f} s after SIGINT, {steps} steps "
+        f"logged; stderr: {err[-2000:]}; stdout: {out[-2000:]}")
     assert left_behind(links, tmp_path, proc.pid) == NOTHING
