@@ -132,7 +132,6 @@ from gracecomm.validation import ConfigError, check_choice, check_range
 
 KINDS = ("allreduce", "allgather", "broadcast", "reduce", "ps_push", "ps_pull")
 BROADCASTS = ("ring", "tree")
-HIERARCHIES = ("flat", "node")  # one exchange over all ranks; dense inside a node, then across
 TCP_OVER_ETHERNET = 1514 / 1448  # wire bytes per payload byte (module docstring)
 OVERHEAD_KEYS = ("compress_s", "decompress_s", "memory_s")
 

@@ -37,6 +37,12 @@ from gracecomm.wire import contiguous_runs, flat_run
 
 MODEL_ITEM = "model"  # the name of the joint item of a model-level compressor
 
+
+def max_payload_nbytes(dense: int) -> int:
+    """The most payload bytes a peer may announce for an exchange of `dense` bytes of
+    gradients (`Link.max_nbytes`): four times them, plus a fixed 64 KiB."""
+    return 4 * dense + 65536
+
 Named = Sequence[tuple[str, torch.Tensor]]
 
 
@@ -359,7 +365,7 @@ class Grace(Stateful):
             node = layout.node_comm.link(None if self.check_finite else False)
             return Exchange(self.communicator, self._two_level_rounds(live, layout, node, link),
                             [node, link], names, merge, layout.continuations)
-        link.max_nbytes = 4 * dense + 65536  # no peer's payload may announce more
+        link.max_nbytes = max_payload_nbytes(dense)
         return Exchange(self.communicator, self._compressed_rounds(live, link), [link], names,
                         merge)
 
@@ -452,7 +458,8 @@ class Grace(Stateful):
                 parts = buffers[key].div_(per_node).split([grads[i][1].numel() for i in idx])
                 owned.update((i, p.view_as(grads[i][1])) for i, p in zip(idx, parts))
         mine = sorted(owned)
-        cross.max_nbytes = 4 * sum(t.numel() * t.element_size() for t in owned.values()) + 65536
+        cross.max_nbytes = max_payload_nbytes(sum(t.numel() * t.element_size()
+                                                  for t in owned.values()))
         means = yield from self._compressed_rounds([(grads[i][0], owned[i]) for i in mine],
                                                    cross)
         mean_of = dict(zip(mine, means))

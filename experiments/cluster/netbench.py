@@ -92,9 +92,9 @@ from gracecomm.experiments.cluster.topologies import (
 from gracecomm.experiments.reports.plots import save_figure
 from gracecomm.experiments.reports.tables import Run, read_run
 from gracecomm.experiments.training.launch import torchrun_standalone
+from gracecomm.hierarchy import HIERARCHIES
 from gracecomm.network import (
     COLLECTIVE_KEYS,
-    HIERARCHIES,
     LEVEL_KEYS,
     NODE_COLLECTIVE_KEYS,
     OVERHEAD_KEYS,
