@@ -42,7 +42,7 @@ from typing import Any
 
 from hydra.errors import CompactHydraException, HydraException
 
-from gracecomm.validation import ConfigError, MissingDependencyError
+from gracecomm.validation import ConfigError, MissingDependencyError, error_line
 
 OLD_ROOT = "grace."  # the core's import root before 0.2: everything is under gracecomm now
 OFFERING_PACKAGE = "gracecomm.configs"  # the package whose YAML files offer targets
@@ -619,8 +619,7 @@ def guard_composition(*, exit_on_refusal: bool = False) -> Iterator[None]:
             check_part_options(cfg)
         except ConfigError as err:
             if exit_on_refusal:
-                print(f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr,
-                      flush=True)
+                print(error_line(err), file=sys.stderr, flush=True)
                 raise SystemExit(1) from None
             raise RefusedConfigError(str(err)) from None
         return cfg

@@ -74,6 +74,12 @@ class MissingDependencyError(ImportError):
     installed; the message says what to install."""
 
 
+def error_line(err: BaseException) -> str:
+    """The one line a command ends with on a refusal: the error's qualified type and its
+    message (``gracecomm.validation.ConfigError: ...``)."""
+    return f"{type(err).__module__}.{type(err).__name__}: {err}"
+
+
 @functools.cache
 def numba_available() -> bool:
     """Whether numba imports: the one probe behind every CPU kernel. numba is a regular

@@ -81,7 +81,7 @@ from gracecomm.experiments.checks.gpucheck_report import Record, markdown, summa
 from gracecomm.experiments.checks.hostwatch import SYNC_KINDS, HostWatch
 from gracecomm.experiments.training import rundir  # noqa: F401 - registers ${run_token:}
 from gracecomm.state import Stateful
-from gracecomm.validation import ConfigError, num_kept
+from gracecomm.validation import ConfigError, error_line, num_kept
 
 NO_DEVICE = 2  # exit status: the device asked for is missing
 LEVELS = ("identical", "close", "statistics", "differs")  # from best to worst
@@ -515,7 +515,7 @@ def gpucheck_job(cfg: DictConfig) -> None:
     try:
         validate(cfg)
     except ConfigError as err:
-        print(f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        print(error_line(err), file=sys.stderr, flush=True)
         sys.exit(1)
     report = run_checks(cfg, out_dir)
     report["command"] = command

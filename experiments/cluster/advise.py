@@ -53,7 +53,7 @@ from gracecomm.network import (
     at_world_size,
     project_hierarchies,
 )
-from gracecomm.validation import ConfigError, check_choice, check_range
+from gracecomm.validation import ConfigError, check_choice, check_range, error_line
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "results" / "cluster_tta" / "4n_100mbit.json"
 
@@ -210,7 +210,7 @@ def advise_job(cfg: DictConfig) -> None:
     try:
         validate(cfg)
     except ConfigError as err:
-        print(f"{type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        print(error_line(err), file=sys.stderr, flush=True)
         sys.exit(1)
     result = rank(cfg)
     out_dir = Path(HydraConfig.get().runtime.output_dir)

@@ -54,6 +54,7 @@ from gracecomm.experiments.training.worker import backend_of, train_worker
 from gracecomm.validation import (
     ConfigError,
     MissingDependencyError,
+    error_line,
 )
 
 
@@ -74,7 +75,7 @@ def one_line_errors(run: Callable[[DictConfig], Any]) -> Callable[[DictConfig], 
         except (ConfigError, MissingDependencyError) as err:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 raise
-            message = f"{type(err).__module__}.{type(err).__name__}: {err}"
+            message = error_line(err)
             print(message, file=sys.stderr, flush=True)
             if os.environ.get("RANK", "0") == "0":  # once, also under torchrun
                 rundir.to_log_file(message, logging.ERROR)
@@ -150,7 +151,7 @@ def train_job(cfg: DictConfig) -> float | tuple[float, ...]:
         interrupted = isinstance(err, KeyboardInterrupt)
         name = str(err.args[0]) if interrupted and err.args else "SIGINT"
         message = (f"interrupted ({name}): the workers were stopped" if interrupted else
-                   f"{type(err).__module__}.{type(err).__name__}: {err}")
+                   error_line(err))
         print(message, file=sys.stderr)
         rundir.to_log_file(message, logging.ERROR)
         exit_now(128 + getattr(signal, name, signal.SIGINT) if interrupted else 1)
