@@ -36,6 +36,8 @@ class Allreduce(Communicator):
     the mean payload, which for the linear decompression that `summable` promises is the
     mean tensor. Integer payloads are summed, and the decompressed sum divided."""
 
+    sums_payloads = True
+
     def __init__(self, group: Any = None, checksum: bool = False) -> None:
         super().__init__(group)
         if checksum:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Hashable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -59,6 +59,8 @@ class Communicator(Part, Collectives, ABC, kind="communicator"):
         >>> grace.metrics.pop()["wire_bytes"]  # one float32 value and one int32 index
         8.0
     """
+
+    sums_payloads: ClassVar[bool] = False  # each rank decompresses one summed payload
 
     def __init__(self, group: Any = None, checksum: bool = False) -> None:
         super().__init__()

@@ -62,6 +62,7 @@ class Link:
         self.nonfinite = nonfinite  # this rank's input was non-finite; None: not carried
         self.any_nonfinite = False  # set by the communicator: some rank's was
         self.max_nbytes: int | None = None  # the most payload bytes a rank may announce
+        self.recorded: dict[str, list[float]] = {}  # {kind: [calls, bytes]} of this exchange
 
     @property
     def status(self) -> list[int]:
@@ -74,6 +75,9 @@ class Link:
         (`NODE_PREFIX`) also ``intra_node_bytes``, the bytes of this rank's own tensor where
         it is a source of the collective (`source`), as ``wire_bytes`` counts payloads."""
         prefix = self.comm.metric_prefix
+        entry = self.recorded.setdefault(kind, [0.0, 0.0])
+        entry[0] += 1
+        entry[1] += nbytes
         self.comm.metrics.add(prefix + calls_key(check_kind(kind)), 1)
         self.comm.metrics.add(prefix + bytes_key(kind), nbytes)
         if prefix == NODE_PREFIX:
@@ -117,6 +121,25 @@ class Link:
         self._record("ps_push", (world - 1) * tensor.numel() * tensor.element_size())
         return out, dist.gather(tensor, out, dst=self.comm.global_rank(dst), group=self.group,
                                 async_op=True)
+
+
+def together(rounds: Sequence[Rounds]) -> Rounds:
+    """Several generators of rounds side by side, as one: each round launches the next round
+    of every one not yet finished (in order, the same on every rank); returns their results,
+    in order."""
+    results: list[Any] = [None] * len(rounds)
+    live = list(range(len(rounds)))
+    while live:
+        works: list[Any] = []
+        for i in list(live):
+            try:
+                works += next(rounds[i])
+            except StopIteration as stop:
+                results[i] = stop.value
+                live.remove(i)
+        if live:
+            yield works
+    return results
 
 
 class Exchange:

@@ -18,15 +18,32 @@ import torch
 from gracecomm.communicator import Communicator, Item
 from gracecomm.compressor import Compressor, Payload
 from gracecomm.config import instantiate
-from gracecomm.exchange import Exchange, Link, Rounds, Works
+from gracecomm.exchange import Exchange, Link, Rounds, Works, together
 from gracecomm.hierarchy import FLAT, NODE, NodeLayout, assign_owners, check_hierarchy
 from gracecomm.memory import Memory
 from gracecomm.metrics import Metrics
 from gracecomm.needs import Need
 from gracecomm.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, Registry
 from gracecomm.state import Stateful
+from gracecomm.strategy import (
+    AUTO as AUTO_STRATEGY,
+)
+from gracecomm.strategy import (
+    CODECS,
+    COMPRESSED,
+    FIXED,
+    FORMS,
+    FP16,
+    Strategy,
+    TensorCost,
+    agree,
+    check_strategy,
+    measure_costs,
+    probe,
+)
 from gracecomm.validation import (
     ConfigError,
+    IncompatibleError,
     NonFiniteError,
     PayloadError,
     check_tensor,
@@ -73,6 +90,10 @@ class Grace(Stateful):
     the first step (or `state_dict`): every rank must get there at the same point. One rank
     per node, or one node, is the flat exchange.
 
+    With ``strategy="auto"`` each tensor is sent compressed, in fp16 or dense, whichever
+    the cost model says is fastest with this run's own measurements of the link and of the
+    compression (`gracecomm.strategy`); ``"fixed"`` compresses every tensor.
+
     Most users build one with `build`; the constructor takes instances.
 
     Args:
@@ -83,11 +104,13 @@ class Grace(Stateful):
             non-finite steps through (False; see above).
         hierarchy: ``"flat"`` (every rank compresses everything) or ``"node"`` (two
             levels, see above).
+        strategy: ``"fixed"``, ``"auto"`` (see above) or a `gracecomm.strategy.Strategy`
+            with options of its own.
 
     Raises:
-        ConfigError: A part is not an instance of its role's base class, `hierarchy` is
-            unknown, a part cannot run two-level (`check_two_level`), or the nodes have
-            different numbers of ranks.
+        ConfigError: A part is not an instance of its role's base class, `hierarchy` or
+            `strategy` is unknown, a part cannot run two-level (`check_two_level`) or
+            per tensor (`check_auto`), or the nodes have different numbers of ranks.
         IncompatibleError: The memory or the communicator cannot work with the compressor
             (e.g. allreduce with Top-k, whose payloads cannot be summed).
 
@@ -107,10 +130,11 @@ class Grace(Stateful):
         tensor([0., 0., 0., 0., 0., 0., 0., 0., 0., 9.])
     """
 
-    child_attrs = ("compressor", "memory", "communicator")
+    child_attrs = ("compressor", "memory", "communicator", "strategy")
 
     def __init__(self, compressor: Compressor, memory: Memory, communicator: Communicator,
-                 *, check_finite: bool = True, hierarchy: str = FLAT) -> None:
+                 *, check_finite: bool = True, hierarchy: str = FLAT,
+                 strategy: str | Strategy = FIXED) -> None:
         for obj, base, what in ((compressor, Compressor, "compressor"), (memory, Memory, "memory"),
                                 (communicator, Communicator, "communicator")):
             if not isinstance(obj, base):
@@ -131,6 +155,13 @@ class Grace(Stateful):
         self._layout: NodeLayout | None = None
         self._owners: dict[str, int] = {}  # the local rank that compresses each tensor
         self._owner_load: list[int] = []  # the elements each local rank owns
+        self.strategy: Strategy | None = None
+        self._codecs: dict[str, tuple[Compressor, Communicator]] = {}
+        self._in_step = False  # between a step's first `start_many` and its `end_step`
+        if isinstance(strategy, Strategy) or check_strategy(strategy) == AUTO_STRATEGY:
+            self.check_auto()
+            self.strategy = strategy if isinstance(strategy, Strategy) else Strategy()
+            self._codecs = {form: self._codec(name) for form, name in CODECS.items()}
         if self.hierarchy == NODE:
             self.check_two_level()
             self.node_layout()  # now, if the process group is initialised
@@ -140,8 +171,36 @@ class Grace(Stateful):
         return (f"Grace(compressor={self.compressor.registry_name!r}, "
                 f"memory={self.memory.registry_name!r}, "
                 f"communicator={self.communicator.registry_name!r}"
-                + (f", hierarchy={self.hierarchy!r})" if self.hierarchy != FLAT else ")"))
+                + (f", hierarchy={self.hierarchy!r}" if self.hierarchy != FLAT else "")
+                + (f", strategy={AUTO_STRATEGY!r})" if self.strategy is not None else ")"))
 
+    def check_auto(self) -> None:
+        """Refuse the parts that cannot be chosen per tensor (``strategy="auto"``).
+
+        Raises:
+            ConfigError: The compressor compresses the whole model in one payload, or the
+                memory cannot follow a tensor sent in fp16 or dense (its reason given).
+        """
+        if self.compressor.capabilities().model_level:
+            raise ConfigError(f"strategy 'auto' chooses the form of each tensor, but "
+                              f"{self.compressor.label} compresses the whole model in one "
+                              "payload; use strategy=fixed")
+        for name in CODECS.values():
+            try:
+                self.memory.check(COMPRESSORS.create(name))
+            except IncompatibleError as err:
+                raise ConfigError(f"strategy 'auto' sends some tensors in fp16 or dense, which "
+                                  f"{self.memory.label} cannot follow: {err}; use "
+                                  "strategy=fixed") from None
+
+    def _codec(self, name: str) -> tuple[Compressor, Communicator]:
+        """The compressor `name` (``fp16``, ``none``) on an allreduce of its own, recording
+        into this pipeline's metrics: how ``strategy="auto"`` sends a tensor uncompressed."""
+        compressor, communicator = COMPRESSORS.create(name), COMMUNICATORS.create("allreduce")
+        communicator.attach(compressor)
+        for part in (communicator, compressor):
+            part.bind(communicator, self.metrics)
+        return compressor, communicator
     def check_two_level(self) -> None:
         """Refuse the parts that cannot run ``hierarchy="node"``, before any step.
 
@@ -345,6 +404,10 @@ class Grace(Stateful):
         metrics.add("dense_bytes", dense)
         metrics.add("tensors", len(named))
         layout = self.node_layout()
+        if not self._in_step:
+            self._in_step = True
+            if self.strategy is not None and named:
+                self._strategy_start(named[0][1].device)
         if not self.check_finite and self._before_step is None:
             self._before_step = snapshot(self.state_dict())
         if Need.GLOBAL_NORM in self.memory.needs():
@@ -361,18 +424,81 @@ class Grace(Stateful):
             received = iter(means)  # an empty tensor has the same shape on every rank
             return [next(received) if grad.numel() else grad.clone() for _, grad in named]
 
+        forms = {}
+        for form, (_, comm) in self._codecs.items():
+            comm.group = self.communicator.group  # the cross-node group, two-level
+            forms[form] = comm.link()
         if layout is not None:
             node = layout.node_comm.link(None if self.check_finite else False)
-            return Exchange(self.communicator, self._two_level_rounds(live, layout, node, link),
-                            [node, link], names, merge, layout.continuations)
+            return Exchange(self.communicator,
+                            self._two_level_rounds(live, layout, node, link, forms),
+                            [node, link, *forms.values()], names, merge, layout.continuations)
         link.max_nbytes = max_payload_nbytes(dense)
-        return Exchange(self.communicator, self._compressed_rounds(live, link), [link], names,
-                        merge)
+        return Exchange(self.communicator, self._compressed_rounds(live, link, forms),
+                        [link, *forms.values()], names, merge)
 
-    def _compressed_rounds(self, grads: Named, link: Link) -> Rounds:
+    def _strategy_start(self, device: torch.device) -> None:
+        """At a step's first call, before any of its collectives: the decision or the probe
+        of the link that ``strategy="auto"`` is due (`gracecomm.strategy`), collectively on
+        the exchange's group (every rank of it gets here at the same step)."""
+        strategy = self.strategy
+        assert strategy is not None
+        due = strategy.due()
+        if due is None:
+            return
+        comm = self.communicator
+        world = comm.world_size if comm.distributed else 1
+        decompressions = ((1 if comm.sums_payloads else world)
+                          + (0 if self.memory.identity else 1))
+        with self.metrics.timer("decide_s"):
+            link = probe(comm.group, device) if world > 1 else [0.0, math.inf]
+            if due == "recheck":
+                link = agree(link, comm.group, device) if world > 1 else link
+                if strategy.changed(link):
+                    strategy.decide(link, {}, world, decompressions)
+                else:
+                    strategy.decided_at = strategy.steps
+                return
+            costs = self._measure_costs(strategy.kept)
+            names = list(costs)
+            values = [*link, *(v for name in names for v in costs[name])]
+            if world > 1:
+                values = agree(values, comm.group, device)
+            width = len(TensorCost.__dataclass_fields__)
+            agreed = {name: TensorCost(int(values[2 + width * i]), int(values[3 + width * i]),
+                                       *values[4 + width * i:2 + width * (i + 1)])
+                      for i, name in enumerate(names)}
+            strategy.decide(values[:2], agreed, world, decompressions)
+        self.metrics.add("decisions", 1)
+
+    def _measure_costs(self, kept: Mapping[str, torch.Tensor]) -> dict[str, list[float]]:
+        """This rank's compute measurements of `kept` (`gracecomm.strategy.measure_costs`),
+        the compressor's state and statistics left as they were."""
+        saved = snapshot(self.compressor.state_dict())
+        self.compressor.bind(self.communicator, Metrics())
+        fp16 = self._codecs[FP16][0]
+
+        def compress(name: str, tensor: torch.Tensor) -> Any:
+            rounds = self.compressor.compress_rounds([(name, tensor)], None)
+            while True:  # no collective without a link
+                try:
+                    next(rounds)
+                except StopIteration as stop:
+                    return stop.value[0]
+
+        try:
+            return measure_costs(kept, compress, lambda item: self.compressor.decompress(*item),
+                                 lambda name, t: fp16.decompress(*fp16.compress(t, name)))
+        finally:
+            self.compressor.load_state_dict(saved)
+            self.compressor.bind(self.communicator, self.metrics)
+
+    def _compressed_rounds(self, grads: Named, link: Link,
+                           forms: Mapping[str, Link] | None = None) -> Rounds:
         """Memory compensation, the finiteness check and the rounds that compress and
-        exchange `grads` (`_rounds`, `_run_rounds` or `_model_rounds`) through `link`,
-        whose non-finite status is set here where non-finite steps pass through."""
+        exchange `grads` through `link` (`_method_rounds`; with ``strategy="auto"``,
+        `_chosen_rounds`, the other forms through `forms`' links), whose non-finite
+        statuses are set here where non-finite steps pass through."""
         with self.metrics.timer("memory_s"):
             compensated = self.memory.compensate_many(grads)
         runs = contiguous_runs([t for _, t in compensated])
@@ -381,12 +507,49 @@ class Grace(Stateful):
             compensated = [(name, torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0))
                            for name, t in compensated]
             runs = [range(i, i + 1) for i in range(len(compensated))]
-        link.nonfinite = None if self.check_finite else not finite
+        for each in (link, *(forms or {}).values()):
+            each.nonfinite = None if self.check_finite else not finite
+            each.max_nbytes = link.max_nbytes
+        if self.strategy is not None:
+            return (yield from self._chosen_rounds(compensated, link, forms or {}))
+        return (yield from self._method_rounds(compensated, runs, link))
+
+    def _method_rounds(self, compensated: Named, runs: Sequence[range], link: Link) -> Rounds:
+        """The method's rounds for compensated tensors: `_model_rounds`, `_run_rounds` (for
+        `runs` of tensors back to back in memory) or `_rounds`."""
         if self.compressor.capabilities().model_level:
             return (yield from self._model_rounds(compensated, link))
         if self.joins_runs:
             return (yield from self._run_rounds(compensated, runs, link))
         return (yield from self._rounds(compensated, link))
+
+    def _chosen_rounds(self, compensated: Named, link: Link, forms: Mapping[str, Link]
+                       ) -> Rounds:
+        """``strategy="auto"``: each tensor sent in its form (`gracecomm.strategy`), the
+        compressed ones by the method through `link` (and kept for the next decision while
+        undecided), the others by their codec's allreduce through `forms`' links, all
+        forms' rounds side by side."""
+        assert self.strategy is not None
+        chosen = self.strategy.forms_of([name for name, _ in compensated])
+        groups = {form: [i for i, f in enumerate(chosen) if f == form] for form in FORMS}
+        compressed = [compensated[i] for i in groups[COMPRESSED]]
+        self.strategy.keep(compressed, link)
+        rounds = []
+        for form, idx in groups.items():
+            part = [compensated[i] for i in idx]
+            if not part:
+                continue
+            if form == COMPRESSED:
+                rounds.append(self._method_rounds(
+                    part, contiguous_runs([t for _, t in part]), link))
+            else:
+                rounds.append(self._rounds(part, forms[form], *self._codecs[form]))
+        results = yield from together(rounds)
+        out: list[torch.Tensor] = [compensated[0][1]] * len(compensated)
+        for idx, means in zip((idx for idx in groups.values() if idx), results):
+            for i, mean in zip(idx, means):
+                out[i] = mean
+        return out
 
     def _pieces(self, grads: Named, per_node: int
                 ) -> tuple[Named, list[int], Callable[[list[torch.Tensor]], list[torch.Tensor]]]:
@@ -433,8 +596,8 @@ class Grace(Stateful):
 
         return pieces, owners, join
 
-    def _two_level_rounds(self, grads: Named, layout: NodeLayout, node: Link, cross: Link
-                          ) -> Rounds:
+    def _two_level_rounds(self, grads: Named, layout: NodeLayout, node: Link, cross: Link,
+                          forms: Mapping[str, Link]) -> Rounds:
         """The two-level exchange of `grads` (`gracecomm.hierarchy`): each piece
         (`_pieces`) reduced to its owner inside the node (one buffer per owner and dtype),
         the owner's node means compressed and exchanged across nodes through `cross`
@@ -461,7 +624,7 @@ class Grace(Stateful):
         cross.max_nbytes = max_payload_nbytes(sum(t.numel() * t.element_size()
                                                   for t in owned.values()))
         means = yield from self._compressed_rounds([(grads[i][0], owned[i]) for i in mine],
-                                                   cross)
+                                                   cross, forms)
         mean_of = dict(zip(mine, means))
         for key, idx in shards.items():
             buffers[key] = (torch.cat([mean_of[i].reshape(-1) for i in idx])
@@ -526,27 +689,35 @@ class Grace(Stateful):
             self.load_state_dict(self._before_step)
             self.metrics.add("nonfinite_steps", 1)
         self._before_step, self._nonfinite_step = None, False
+        self._in_step = False
+        if self.strategy is not None:
+            self.strategy.end_step()
 
-    def _rounds(self, compensated: Named, link: Link) -> Rounds:
+    def _rounds(self, compensated: Named, link: Link, compressor: Compressor | None = None,
+                communicator: Communicator | None = None) -> Rounds:
         """Compression (with any rounds of its own), memory update and the communicator's
-        exchange of one call, as one generator of rounds (`gracecomm.exchange`)."""
+        exchange of one call, as one generator of rounds (`gracecomm.exchange`); by the
+        pipeline's compressor and communicator, or by others (``strategy="auto"``'s fp16
+        and dense forms)."""
         if not compensated:
             return []
+        compressor = self.compressor if compressor is None else compressor
+        communicator = self.communicator if communicator is None else communicator
         metrics = self.metrics
-        compressed = yield from self._timed(self.compressor.compress_rounds(compensated, link),
+        compressed = yield from self._timed(compressor.compress_rounds(compensated, link),
                                             "compress_s")
         items: list[Item] = []
         with metrics.timer("memory_s"):
             for (name, tensor), (payload, ctx) in zip(compensated, compressed):
-                self._update_memory(tensor, name, payload, ctx)
+                self._update_memory(tensor, name, payload, ctx, compressor)
                 items.append((payload, ctx, name))
-        means = yield from self.communicator.exchange(items, link)
+        means = yield from communicator.exchange(items, link)
         if link.any_nonfinite:
             self._nonfinite_step = True
             return [torch.full_like(t, math.nan) for _, t in compensated]
         if self.memory.wants_mean:
             with metrics.timer("memory_s"):
-                self.memory.update_mean_many(compensated, self.compressor,
+                self.memory.update_mean_many(compensated, compressor,
                                              [ctx for _, ctx, _ in items], means)
         return means
 
@@ -567,12 +738,14 @@ class Grace(Stateful):
                 for i, part in zip(run, split)]
 
     def _update_memory(self, tensor: torch.Tensor, name: str, payload: Payload,
-                       ctx: Any) -> None:
-        """`Memory.update` with this rank's own payload; a malformed one names the rank."""
+                       ctx: Any, compressor: Compressor | None = None) -> None:
+        """`Memory.update` with this rank's own payload (of the pipeline's compressor, or
+        `compressor`); a malformed one names the rank."""
+        compressor = self.compressor if compressor is None else compressor
         try:
-            self.memory.update(tensor, name, self.compressor, payload, ctx)
+            self.memory.update(tensor, name, compressor, payload, ctx)
         except PayloadError as err:
-            raise PayloadError(f"{self.compressor.label} on rank {self.communicator.rank} "
+            raise PayloadError(f"{compressor.label} on rank {self.communicator.rank} "
                                f"produced a malformed payload for tensor '{name}': {err}"
                                ) from err
 
@@ -688,7 +861,8 @@ def make_part(spec: Spec, registry: Registry, base: type) -> Any:
 
 
 def build(compressor: Spec = "none", memory: Spec = None, communicator: Spec = None,
-          *, check_finite: bool = True, hierarchy: str = FLAT) -> Grace:
+          *, check_finite: bool = True, hierarchy: str = FLAT,
+          strategy: str | Strategy = FIXED) -> Grace:
     """Assemble a pipeline from names, mappings, Hydra configs or instances.
 
     This is the one place where a compressor's default memory and communicator are applied
@@ -709,6 +883,10 @@ def build(compressor: Spec = "none", memory: Spec = None, communicator: Spec = N
         hierarchy: ``"flat"`` (the default) or ``"node"``: reduce dense inside each node
             and compress only what crosses nodes (`gracecomm.hierarchy`; with an initialised
             process group the node layout is gathered here, collectively).
+        strategy: ``"fixed"`` (the default: every tensor compressed) or ``"auto"``: each
+            tensor sent compressed, in fp16 or dense, as the cost model chooses from the
+            run's own measurements (`gracecomm.strategy`); or a
+            `gracecomm.strategy.Strategy` with options.
 
     Returns:
         The assembled `Grace` pipeline, its compressor's kernels already loaded.
@@ -732,7 +910,8 @@ def build(compressor: Spec = "none", memory: Spec = None, communicator: Spec = N
     mem = make_part(default_part(memory, caps.default_memory), MEMORIES, Memory)
     comm = make_part(default_part(communicator, caps.default_communicator), COMMUNICATORS,
                      Communicator)
-    return Grace(comp, mem, comm, check_finite=check_finite, hierarchy=hierarchy)
+    return Grace(comp, mem, comm, check_finite=check_finite, hierarchy=hierarchy,
+                 strategy=strategy)
 
 
 AUTO = "auto"  # a memory or communicator chosen by the compressor

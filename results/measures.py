@@ -38,6 +38,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "cluster_tta": NETBENCH, "cluster_tta8": NETBENCH, "cluster_hierarchy": NETBENCH,
     "cluster_hierarchy_1000mbit": NETBENCH,
     "cluster_hierarchy_tta": NETBENCH,
+    "cluster_strategy": NETBENCH, "cluster_strategy_tta": NETBENCH,
     "cluster_collectives": ("grace/network.py", "experiments/cluster/"),
     "cluster_projection": ("grace/network.py", "experiments/cluster/"),
 }

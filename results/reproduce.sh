@@ -28,7 +28,8 @@ steps=("$@")
   powersgd_vs_torch hook long_run netbench bench_lgc lgc_phase3 netbench_lgc bench_quality \
   bench_step bench_buffers \
   cluster_step cluster_pinning cluster_model cluster_collectives cluster_tta cluster_tta8 \
-  cluster_projection cluster_hierarchy cluster_hierarchy_1000mbit cluster_hierarchy_tta)
+  cluster_projection cluster_hierarchy cluster_hierarchy_1000mbit cluster_hierarchy_tta \
+  cluster_strategy cluster_strategy_tta)
 
 run() {  # run CMD...: one command of the current step, recorded in its stamp
   python results/stamp.py command "$step" -- "$@"
@@ -87,6 +88,8 @@ TTA_DATA='overrides=["model=resnet20","data=prototypes","data.noise=3"]'
 MODEL_METHODS='methods=[ddp,fp16,torch_fp16,topk,dgc,randomk,powersgd_parity,torch_powersgd]'
 # the two-level exchange (exchange.hierarchy=node) against the flat one, nodes of 2 ranks
 HIERARCHY=(topology=cluster ranks_per_node=2 'hierarchies=[flat,node]')
+# each tensor's form chosen by the cost model (exchange.strategy=auto) against the method's
+STRATEGY=(topology=cluster world_size=4 'strategies=[fixed,auto]')
 
 for step in "${steps[@]}"; do
   echo "=== $step"
@@ -301,6 +304,16 @@ for step in "${steps[@]}"; do
     cluster_hierarchy_tta)  # needs root: time to accuracy of Top-1%, flat and two levels
       store 4x2_10mbit gracecomm-netbench "${HIERARCHY[@]}" goal=accuracy world_size=4 \
         bandwidth_mbps=10 'methods=[ddp,topk]' "$TTA_DATA" timeout_s=1800 ;;
+    cluster_strategy)  # needs root: 4 nodes, the method's form or the chosen ones, per link
+      for mbit in 10 100 1000; do
+        store "4n_${mbit}mbit" gracecomm-netbench "${STRATEGY[@]}" bandwidth_mbps=$mbit \
+          also_sync=false rounds=1 steps=15 warmup_steps=5 'methods=[ddp,fp16,topk,powersgd]'
+      done ;;
+    cluster_strategy_tta)  # needs root: time to accuracy of the same, per link
+      for mbit in 10 100 1000; do
+        store "4n_${mbit}mbit" gracecomm-netbench "${STRATEGY[@]}" goal=accuracy \
+          bandwidth_mbps=$mbit 'methods=[ddp,topk,powersgd]' "$TTA_DATA" timeout_s=1800
+      done ;;
     *) echo "unknown step '$step'" >&2; exit 2 ;;
   esac
   python results/stamp.py end "$step"

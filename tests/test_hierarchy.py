@@ -281,7 +281,7 @@ def test_option_in_hook_frameworks_and_trainer_config() -> None:
         gracecomm.build("dgc", {"name": "dgc", "clip_norm": 1.0}, hierarchy="node")
     assert exchange_options(OmegaConf.create({}))["hierarchy"] == "flat"
     cfg = OmegaConf.create({"exchange": {"hierarchy": "node"}})
-    assert exchange_options(cfg) == {"hierarchy": "node"}
+    assert exchange_options(cfg) == {"hierarchy": "node", "strategy": "fixed"}
     with pytest.raises(ConfigError, match="exchange: unknown option 'hierachy'. "
                                           r"Did you mean 'hierarchy'\?"):
         exchange_options(OmegaConf.create({"exchange": {"hierachy": "node"}}))

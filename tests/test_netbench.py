@@ -15,13 +15,15 @@ from omegaconf import OmegaConf
 
 from gracecomm.experiments.cluster.netbench import (
     format_table,
-    hierarchy_of,
     per_step,
     plan,
     said,
     setup_steps,
+    variant_of,
 )
 from gracecomm.experiments.cluster.topologies import NAMESPACE_PREFIX
+from gracecomm.hierarchy import HIERARCHIES
+from gracecomm.strategy import STRATEGIES
 from gracecomm.validation import ConfigError
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "netbench.yaml"
@@ -54,8 +56,22 @@ def test_each_method_runs_once_per_hierarchy_the_node_run_named_for_it():
     by = dict(runs)
     assert by["topk@node"] == [*by["topk"], "exchange.hierarchy=node"]  # flat: the default
     assert not any("hierarchy" in o for o in by["topk"])
-    assert [hierarchy_of(name) for name in by] == ["flat", "flat", "node", "flat", "node",
-                                                   "flat"]
+    assert [variant_of(name, HIERARCHIES) for name in by] == ["flat", "flat", "node", "flat",
+                                                              "node", "flat"]
+
+
+def test_each_method_runs_once_per_strategy_and_hierarchy():
+    runs = plan(config(topology="cluster", methods=["topk", "ddp"], also_sync=False,
+                       hierarchies=["flat", "node"], strategies=["fixed", "auto"]))
+    # plain DDP is PyTorch's exchange: neither two-level nor chosen per tensor
+    assert [name for name, _ in runs] == ["ddp", "topk", "topk@auto", "topk@node",
+                                          "topk@node@auto"]
+    by = dict(runs)
+    assert by["topk@node@auto"] == [*by["topk"], "exchange.hierarchy=node",
+                                    "exchange.strategy=auto"]
+    assert [(variant_of(n, HIERARCHIES), variant_of(n, STRATEGIES)) for n in by] == [
+        ("flat", "fixed"), ("flat", "fixed"), ("flat", "auto"), ("node", "fixed"),
+        ("node", "auto")]
 
 
 def test_link_bytes_per_step_leave_out_the_setup_run():
@@ -79,6 +95,8 @@ def test_an_error_says_netbench_once():
     ({"hierarchies": ["node", "node"]}, "'hierarchies' must list distinct"),
     ({"hierarchies": ["flat", "node"]}, "'hierarchies' may hold node only with topology=cluster"),
     ({"overrides": ["exchange.hierarchy=node"]}, "'overrides' sets exchange.hierarchy"),
+    ({"strategies": ["auto", "best"]}, "'strategies' must be one of 'fixed', 'auto'; got"),
+    ({"overrides": ["exchange.strategy=auto"]}, "'overrides' sets exchange.strategy"),
     ({"methods": ["ddp", "topkk"]}, r"'methods' names \['topkk'\], which are not method presets"),
     ({"rounds": 0}, "rounds"),
     ({"bandwidth_mbps": 0}, "bandwidth_mbps"),

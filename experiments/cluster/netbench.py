@@ -30,7 +30,11 @@ latency is measured on the shaped network by a calibration of small allreduces.
 hierarchy, the ``node`` run with ``exchange.hierarchy=node`` (dense inside a node,
 compressed across nodes; ``topology=cluster`` only) and named ``METHOD@node``, except for
 methods that run PyTorch's own exchange (``ddp``, ``torch_*``: flat only); a ``flat``
-run passes nothing (flat is the trainer's default) and keeps the method's name. On the
+run passes nothing (flat is the trainer's default) and keeps the method's name.
+``strategies`` (``fixed``, ``auto``; default ``[fixed]``) likewise: an ``auto`` run passes
+``exchange.strategy=auto`` (each tensor sent compressed, in fp16 or dense as the cost model
+chooses, `gracecomm.strategy`) and is named ``METHOD@auto`` (``METHOD@node@auto`` with both).
+Each run carries its ``hierarchy`` and ``strategy`` in the JSON. On the
 cluster, every run's ``cross_node_bytes_per_step`` is counted by the links themselves: the
 bytes the nodes' uplinks sent (``tc -s``, `gracecomm.experiments.cluster.emulation.
 EmulatedCluster.link_bytes`, framing included), less those of a run of the same method of
@@ -51,7 +55,7 @@ evaluations excluded); a run that misses says so (``reached_target: false``, its
 against wall-clock time, every method on one figure, is written next to ``netbench.json``.
 
 The last line of output is one JSON object: ``{"bandwidth_mbps", "topology", "world_size",
-"runs": [{"method", "hierarchy", "step_s", "dense_step_s", "measured_speedup",
+"runs": [{"method", "hierarchy", "strategy", "step_s", "dense_step_s", "measured_speedup",
 "projected_speedup", "cross_node_bytes_per_step" (cluster only)}, ...]}``,
 with ``goal=accuracy`` each run adding ``time_to_target_s``, ``target_accuracy``,
 ``final_accuracy``, ``reached_target``, ``steps_to_target`` (and ``tta_speedup`` where the
@@ -100,6 +104,7 @@ from gracecomm.network import (
     OVERHEAD_KEYS,
     Network,
 )
+from gracecomm.strategy import STRATEGIES
 from gracecomm.validation import ConfigError, check_choice, check_range
 
 TOPOLOGIES = ("loopback", "cluster")
@@ -114,9 +119,14 @@ def step_overrides(steps: int) -> list[str]:
     return [f"trainer.max_steps={steps}", "trainer.epochs=1000", "trainer.eval_every=1000"]
 
 
-def hierarchy_of(name: str) -> str:
-    """The hierarchy of run `name` (``METHOD@node``; a flat run keeps the method's name)."""
-    return name.rpartition("@")[2] if "@" in name else "flat"
+# the options that run each method once per value: (option, exchange key, values), the
+# first value the trainer's default, which a run's name does not show (``METHOD@node@auto``)
+VARIANTS = (("hierarchies", "hierarchy", HIERARCHIES), ("strategies", "strategy", STRATEGIES))
+
+
+def variant_of(name: str, values: tuple[str, ...]) -> str:
+    """Which of `values` run `name` has (its ``@`` tags; none: the first, the default)."""
+    return next((tag for tag in name.split("@")[1:] if tag in values), values[0])
 
 
 def setup_steps(cfg: DictConfig) -> int:
@@ -151,7 +161,8 @@ def summarise(method: str, rounds: list[list[dict[str, Any]]], network: Network,
     label = network.label
     per_round = [statistics.median(r["step_s"] for r in records) for records in rounds]
     comm_timed = "comm_s" in kept[0]
-    return {"method": method, "hierarchy": hierarchy_of(method), "step_s": median("step_s"),
+    return {"method": method, **{key: variant_of(method, values) for _, key, values in VARIANTS},
+            "step_s": median("step_s"),
             "round_step_s": [min(per_round), max(per_round)],
             "projected_step_s": statistics.median(p[f"projected_step_s@{label}"]
                                                   for p in projected),
@@ -176,7 +187,11 @@ def check_options(cfg: DictConfig) -> None:
     check_range(cfg.warmup_steps, "netbench", "warmup_steps", 0, integer=True)
     check_range(cfg.rounds, "netbench", "rounds", 1, integer=True)
     check_range(cfg.world_size, "netbench", "world_size", 2, integer=True)
-    check_hierarchies(cfg)
+    for option, key, values in VARIANTS:
+        check_variants(cfg, option, key, values)
+    if "node" in cfg.hierarchies and cfg.topology != "cluster":
+        raise ConfigError("netbench: option 'hierarchies' may hold node only with "
+                          "topology=cluster (topology=loopback runs every rank on one node)")
     if cfg.topology == "cluster":
         Link(float(cfg.bandwidth_mbps), float(cfg.latency_ms), float(cfg.jitter_ms),
              float(cfg.loss_pct))
@@ -196,26 +211,23 @@ def check_options(cfg: DictConfig) -> None:
                     low_open=True)
 
 
-def check_hierarchies(cfg: DictConfig) -> None:
-    """``hierarchies``: a list of distinct `HIERARCHIES`, ``node`` on the cluster only, and
-    the exchange's hierarchy chosen there, not in ``overrides``."""
-    values = list(cfg.hierarchies) if OmegaConf.is_list(cfg.hierarchies) else None
+def check_variants(cfg: DictConfig, option: str, key: str, allowed: tuple[str, ...]) -> None:
+    """`option` (``hierarchies``, ``strategies``): a list of distinct `allowed` values, and
+    the exchange's `key` chosen there, not in ``overrides``."""
+    values = list(cfg[option]) if OmegaConf.is_list(cfg[option]) else None
     if not values or len(set(map(str, values))) < len(values):
-        raise ConfigError(f"netbench: option 'hierarchies' must list distinct hierarchies of "
-                          f"{', '.join(HIERARCHIES)}, got {cfg.hierarchies}")
+        raise ConfigError(f"netbench: option '{option}' must list distinct {option} of "
+                          f"{', '.join(allowed)}, got {cfg[option]}")
     for value in values:
-        check_choice(str(value), HIERARCHIES, "netbench", "hierarchies")
-    if "node" in values and cfg.topology != "cluster":
-        raise ConfigError("netbench: option 'hierarchies' may hold node only with "
-                          "topology=cluster (topology=loopback runs every rank on one node)")
-    if any(str(o).lstrip("+~").startswith("exchange.hierarchy") for o in cfg.overrides):
-        raise ConfigError("netbench: option 'overrides' sets exchange.hierarchy; choose it "
-                          "with 'hierarchies' instead (e.g. 'hierarchies=[flat,node]')")
+        check_choice(str(value), allowed, "netbench", option)
+    if any(str(o).lstrip("+~").startswith(f"exchange.{key}") for o in cfg.overrides):
+        raise ConfigError(f"netbench: option 'overrides' sets exchange.{key}; choose it "
+                          f"with '{option}' instead (e.g. '{option}=[{','.join(allowed)}]')")
 
 
 def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
     """(name, overrides) of every run, the baseline first, sync variants after their method
-    (``goal=step`` only), each once per hierarchy (``METHOD@node``)."""
+    (``goal=step`` only), each once per hierarchy and strategy (``METHOD@node@auto``)."""
     check_options(cfg)
     names = presets.check([str(cfg.baseline)] + [str(m) for m in cfg.methods
                                                   if m != cfg.baseline], "netbench")
@@ -226,13 +238,14 @@ def plan(cfg: DictConfig) -> list[tuple[str, list[str]]]:
         variants = [(name, overrides)]
         if cfg.also_sync and cfg.goal == "step" and presets.exchange(name) == "hook":
             variants.append((f"{name}_sync", [*overrides, "trainer.exchange=hook_sync"]))
-        # PyTorch's own exchange (plain DDP, its hooks) is flat: its runs are not repeated
-        hierarchies = [str(h) for h in cfg.hierarchies
-                       if h == "flat" or presets.exchange(name) != "torch"]
-        for variant, variant_overrides in variants:
-            runs += [(variant, variant_overrides) if h == "flat" else
-                     (f"{variant}@{h}", [*variant_overrides, f"exchange.hierarchy={h}"])
-                     for h in hierarchies]
+        # PyTorch's own exchange (plain DDP, its hooks) is flat and fixed: not repeated
+        for option, key, values in VARIANTS:
+            chosen = [str(v) for v in cfg[option]
+                      if v == values[0] or presets.exchange(name) != "torch"]
+            variants = [(variant, overrides) if v == values[0] else
+                        (f"{variant}@{v}", [*overrides, f"exchange.{key}={v}"])
+                        for variant, overrides in variants for v in chosen]
+        runs += variants
     return runs
 
 
@@ -431,7 +444,7 @@ def benchmark(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     result.update({"bandwidth_mbps": float(cfg.bandwidth_mbps),
                    "latency_ms": float(cfg.latency_ms), "topology": str(cfg.topology),
                    "goal": str(cfg.goal), "world_size": int(cfg.world_size),
-                   "hierarchies": [str(h) for h in cfg.hierarchies],
+                   **{option: [str(v) for v in cfg[option]] for option, _, _ in VARIANTS},
                    "ranks_per_node": int(cfg.ranks_per_node), "ranks": topology.ranks,
                    "latency_us_calibrated": latency_us, "compute_alone_s": alone,
                    "network": {"overhead": network.overhead, "broadcast": network.broadcast,
@@ -521,7 +534,7 @@ def plot_accuracy(result: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
-JSON_KEYS = ("method", "hierarchy", "step_s", "dense_step_s", "measured_speedup",
+JSON_KEYS = ("method", "hierarchy", "strategy", "step_s", "dense_step_s", "measured_speedup",
              "projected_speedup", "cross_node_bytes_per_step")
 TTA_KEYS = ("time_to_target_s", "target_accuracy", "final_accuracy", "reached_target",
             "steps_to_target", "tta_speedup")

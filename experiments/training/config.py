@@ -39,6 +39,7 @@ from gracecomm.network import (
 )
 from gracecomm.pipeline import AUTO, default_part
 from gracecomm.registry import check_known, check_options
+from gracecomm.strategy import FIXED, check_strategy
 from gracecomm.validation import (
     ConfigError,
     MissingDependencyError,
@@ -78,7 +79,7 @@ def build_grace(cfg: DictConfig) -> Grace:
     return build(compressor, instantiate(cfg.memory, allow_any_target=allow),
                  instantiate(cfg.communicator, allow_any_target=allow),
                  check_finite=bool(cfg.get("check_finite", True)),
-                 hierarchy=exchange_options(cfg)["hierarchy"])
+                 **exchange_options(cfg))
 
 
 def part_config(group: str, name: str) -> DictConfig:
@@ -178,7 +179,7 @@ def check_trainer_options(trainer: DictConfig) -> None:
     check_known(trainer, known, "trainer")
 
 
-EXCHANGE_DEFAULTS = {"hierarchy": FLAT}  # configs/train.yaml's ``exchange:`` node
+EXCHANGE_DEFAULTS = {"hierarchy": FLAT, "strategy": FIXED}  # train.yaml's ``exchange:``
 
 
 def exchange_options(cfg: DictConfig) -> dict[str, Any]:
@@ -188,10 +189,13 @@ def exchange_options(cfg: DictConfig) -> dict[str, Any]:
     check_known(given, EXCHANGE_DEFAULTS, "exchange")
     options = {**EXCHANGE_DEFAULTS, **given}
     torch_exchange = (cfg.get("trainer") or {}).get("exchange") == "torch"
-    if check_hierarchy(options["hierarchy"], "exchange") != FLAT and torch_exchange:
-        raise ConfigError(f"exchange: option 'hierarchy={options['hierarchy']}' needs this "
-                          "library's exchange; trainer.exchange=torch runs PyTorch's own, "
-                          "which is flat (use trainer.exchange=hook, hook_sync or step)")
+    for option, default, check in (("hierarchy", FLAT, check_hierarchy),
+                                   ("strategy", FIXED, check_strategy)):
+        if check(options[option], "exchange") != default and torch_exchange:
+            raise ConfigError(f"exchange: option '{option}={options[option]}' needs this "
+                              "library's exchange; trainer.exchange=torch runs PyTorch's own "
+                              f"({option} {default}; use trainer.exchange=hook, hook_sync or "
+                              "step)")
     return options
 
 

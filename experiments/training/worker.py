@@ -383,6 +383,10 @@ class Worker:
         loss_value = self.loss.item()
         self.watch.loss(self.step + 1, epoch, loss_value)
         stats = grace.metrics.pop()
+        if stats.get("decisions") and self.logger is not None:  # exchange.strategy=auto
+            for line in grace.strategy.table().splitlines():
+                print(line, flush=True)
+                to_log_file(line)
         stats["step_s"] = time.perf_counter() - start
         stats["compute_s"] = slowest(compute_time(stats), self.device)
         stats.update(project(stats, self.world_size, self.nets))
@@ -415,6 +419,10 @@ class Worker:
                        memory=grace.memory.registry_name,
                        communicator=grace.communicator.registry_name, chance=self.watch.chance,
                        collapse=self.watch.verdict(), **{RECORD_KEY: cfg_dict.get(RECORD_KEY, {})})
+        if grace.strategy is not None:  # exchange.strategy=auto: the last decision
+            summary["strategy"] = {"link": grace.strategy.link,
+                                   "decisions": grace.strategy.decisions,
+                                   "buckets": grace.strategy.decision}
         if resumed is not None:
             summary["resume"] = {"from": str(t.resume), "step": resumed["position"]["step"],
                                  "changed": {k: list(v) for k, v in self.changes.items()}}

@@ -1,0 +1,373 @@
+"""Per-tensor choice of how a gradient is sent (``strategy="auto"``): compressed by the
+pipeline's method, cast to fp16, or dense, whichever the cost model says is fastest.
+
+Compression pays only where the bytes it saves take longer on the link than compressing
+and decompressing takes: small tensors (biases, norms) rarely gain, and on a fast link
+often no tensor does. PyTorch's PowerSGD hook sends a tensor uncompressed when compression
+would not save enough (``min_compression_rate``); Espresso (Wang, Lin, Zhu and Ng, "Hi-Speed
+DNN Training with Espresso: Unleashing the Full Potential of Gradient Compression with
+Near-Optimal Usage Strategies", EuroSys 2023, Secs. 4-5) chooses per tensor from a model of
+the step. ``strategy="fixed"`` (the default) compresses every tensor.
+
+How the choice is made:
+
+1. **Warm-up.** The first `warmup_steps` steps compress every tensor with the method; the
+   strategy keeps a copy of each tensor it compressed (after error feedback) and the
+   collectives each call (a DDP bucket) launched, by kind, count and bytes
+   (`gracecomm.exchange.Link.recorded`).
+2. **Measurements**, at the start of the next step, before any collective of it, by every
+   rank of the exchange's group (all ranks, or the ranks of one local rank across nodes
+   with ``hierarchy="node"``):
+
+   - the link: the best of five allreduces of 8 bytes gives the latency alpha, and
+     allreduces of 64 KiB, 256 KiB, ... (up to 16 MiB) until one takes 30 ms longer give
+     the bandwidth B, by the ring allreduce's time 2(N-1) alpha + 2(N-1)/N n/B
+     (`gracecomm.network`), as the cluster calibration does;
+   - compute, on the kept tensors: the method's compression and one decompression (best of
+     two; the compressor's state is restored afterwards, so the run goes on as if it had
+     not been timed), the bytes of its payload, and the fp16 cast and back;
+   - agreement: the numbers are averaged over the group and rank 0's average broadcast, so
+     every rank decides from the same numbers and the decision is the same on every rank.
+3. **The choice**, per call (bucket): with `gracecomm.network.Network` at the probed
+   latency and bandwidth and N the group's ranks, a tensor of n elements costs
+
+   - compressed: its share (by payload bytes) of the bucket's recorded collectives, plus
+     compression and (N, or 1 for a communicator that sums payloads) decompressions, plus
+     one more for error feedback where the memory keeps a residual;
+   - fp16: 2n bytes in one ring allreduce, plus the cast;
+   - dense: the tensor's bytes in one ring allreduce.
+
+   Each form a bucket uses pays its collectives' latency once, so every set of forms (7)
+   is tried, each tensor taking its cheapest form in the set, and the cheapest total wins
+   (ties go to the method, then fp16). The decision is printed by the trainer as a table
+   (`table`), logged to ``gracecomm.strategy``, kept in `decision` and in the state.
+4. **Re-made** only when the link, probed again every `recheck_steps` steps, differs from
+   the one decided on by more than `margin` (relative, latency or bandwidth); tensors seen
+   for the first time after a decision are compressed, kept, and decided at the next step.
+
+Error feedback stays exact: every tensor is compensated by the memory first; one sent in
+fp16 or dense updates the memory with that codec (``residual``: t - fp16(t), or nothing
+left for dense; DGC's memory: every element transmitted), so a bucket that changes form
+carries its residual once and leaves none.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gracecomm.exchange import Link
+from gracecomm.network import Network
+from gracecomm.state import Stateful
+from gracecomm.validation import check_choice, check_range
+from gracecomm.wire import payload_nbytes
+
+STRATEGIES = ("fixed", "auto")  # the values of the ``strategy`` option
+FIXED, AUTO = STRATEGIES
+FORMS = ("compressed", "fp16", "dense")  # how one tensor is sent, in order of preference
+COMPRESSED, FP16, DENSE = FORMS
+CODECS = {FP16: "fp16", DENSE: "none"}  # the registry's compressor of each other form
+
+LOG = logging.getLogger("gracecomm.strategy")
+PROBE_REPEATS = 5
+PROBE_START_BYTES = 64 * 1024
+PROBE_MAX_BYTES = 16 * 1024 * 1024
+PROBE_ENOUGH_S = 0.03  # a bandwidth probe this much longer than the latency is long enough
+
+
+def check_strategy(value: Any, owner: str = "pipeline") -> str:
+    """`value` if it is one of `STRATEGIES`, else `ConfigError` naming them.
+
+    Args:
+        value: The ``strategy`` option.
+        owner: Who has the option, for the message.
+
+    Returns:
+        `value`.
+    """
+    return check_choice(value, STRATEGIES, owner, "strategy")
+
+
+@dataclass(frozen=True)
+class TensorCost:
+    """One tensor's measurements: elements, bytes per element, the method's payload bytes,
+    the method's compute (compression and one decompression) and the fp16 round trip's,
+    and the time of one decompression alone (seconds)."""
+
+    numel: int
+    itemsize: int
+    payload_bytes: float
+    compress_s: float
+    decompress_s: float
+    fp16_s: float
+
+
+@dataclass(frozen=True)
+class Model:
+    """What a decision is made from: the probed link and the group's size, and how many
+    decompressions a compressed tensor costs a rank (the communicator's and the memory's)."""
+
+    latency_s: float
+    bandwidth_bps: float  # bytes per second
+    world: int
+    decompressions: int
+
+    @property
+    def net(self) -> Network:
+        return Network(self.bandwidth_bps * 8e-9, self.latency_s * 1e6)
+
+    def collective(self, kind: str, calls: float) -> tuple[float, float]:
+        """(fixed seconds, seconds per recorded byte) of `calls` collectives of `kind`."""
+        if self.world <= 1 or not calls:
+            return 0.0, 0.0
+        messages, factor = self.net.terms(kind, self.world)
+        return calls * messages * self.latency_s, factor / self.bandwidth_bps
+
+
+def choose(costs: Sequence[TensorCost], recorded: dict[str, list[float]], model: Model
+           ) -> tuple[list[str], float, float]:
+    """The forms of one bucket's tensors (module docstring, step 3).
+
+    Args:
+        costs: Each tensor's measurements, in the bucket's order.
+        recorded: The collectives the bucket launched compressed, ``{kind: [calls, bytes]}``.
+        model: The link and the group.
+
+    Returns:
+        (each tensor's form, the modelled seconds of all compressed, those of the choice).
+    """
+    total_payload = sum(c.payload_bytes for c in costs) or 1.0
+    fixed = {COMPRESSED: 0.0}
+    per_byte = 0.0  # seconds per payload byte of the compressed form's collectives
+    for kind, (calls, nbytes) in recorded.items():
+        latency, per_recorded = model.collective(kind, calls)
+        fixed[COMPRESSED] += latency
+        per_byte += per_recorded * nbytes / total_payload
+    fixed[FP16] = fixed[DENSE] = model.collective("allreduce", 1)[0]
+    ring = model.collective("allreduce", 1)[1]
+    marginal = [{COMPRESSED: c.payload_bytes * per_byte + c.compress_s
+                 + (model.decompressions - 1) * c.decompress_s,
+                 FP16: 2 * c.numel * ring + c.fp16_s,
+                 DENSE: c.numel * c.itemsize * ring} for c in costs]
+    best: tuple[float, list[str]] | None = None
+    for size in range(1, len(FORMS) + 1):
+        for allowed in itertools.combinations(FORMS, size):
+            forms = [min(allowed, key=lambda f, m=m: (m[f], FORMS.index(f))) for m in marginal]
+            total = (sum(fixed[f] for f in set(forms))
+                     + sum(m[f] for m, f in zip(marginal, forms)))
+            if best is None or total < best[0] - 1e-12:
+                best = (total, forms)
+    assert best is not None
+    compressed = fixed[COMPRESSED] + sum(m[COMPRESSED] for m in marginal)
+    return best[1], compressed, best[0]
+
+
+class Strategy(Stateful):
+    """The state and the decisions of ``strategy="auto"`` (module docstring).
+
+    Args:
+        warmup_steps: Steps compressed throughout before the first decision: the last
+            one's collectives are the ones recorded, so it must come after DDP has settled
+            its buckets (after its first step) and the communicator has agreed on the
+            payload layout of each (at its first exchange of them).
+        recheck_steps: Steps between probes of the link after a decision (0: never).
+        margin: The relative change of the link's latency or bandwidth that makes a new
+            decision.
+
+    Attributes:
+        forms: Each decided tensor's form (`FORMS`), by name.
+        decision: The last decision's rows (`table`), one per bucket.
+    """
+
+    state_attrs = ("steps", "forms", "link", "costs", "recorded", "decided_at", "decision",
+                   "decisions")
+
+    def __init__(self, warmup_steps: int = 3, recheck_steps: int = 500,
+                 margin: float = 0.25) -> None:
+        self.warmup_steps = int(check_range(warmup_steps, "strategy", "warmup_steps", 1,
+                                            integer=True))
+        self.recheck_steps = int(check_range(recheck_steps, "strategy", "recheck_steps", 0,
+                                             integer=True))
+        self.margin = float(check_range(margin, "strategy", "margin", 0.0, low_open=True))
+        self.steps = 0
+        self.forms: dict[str, str] = {}
+        self.link: list[float] = []  # [latency_s, bandwidth_bps] decided on
+        self.costs: dict[str, list[float]] = {}  # TensorCost fields, by name (agreed)
+        self.decided_at = -1
+        self.decision: list[dict[str, Any]] = []
+        self.decisions = 0
+        self.buckets: list[tuple[tuple[str, ...], Link]] = []  # the last keeping step's calls
+        self._calls: list[tuple[tuple[str, ...], Link]] = []
+        self.recorded: list[tuple[list[str], dict[str, list[float]]]] = []  # decided buckets
+        self.kept: dict[str, torch.Tensor] = {}  # tensors to time, until they are decided
+
+    def __repr__(self) -> str:
+        return (f"Strategy(warmup_steps={self.warmup_steps}, "
+                f"recheck_steps={self.recheck_steps}, margin={self.margin})")
+
+    def forms_of(self, names: Sequence[str]) -> list[str]:
+        """Each tensor's form: decided, or compressed (warm-up, or seen since)."""
+        return [self.forms.get(name, COMPRESSED) for name in names]
+
+    def keep(self, compensated: Sequence[tuple[str, torch.Tensor]], link: Link) -> None:
+        """Keep the undecided tensors of one compressed call and its link (step 1)."""
+        new = [(name, t) for name, t in compensated if name not in self.forms]
+        if new:
+            self.kept.update((name, t.detach().clone()) for name, t in new)
+            self._calls.append((tuple(name for name, _ in compensated), link))
+
+    def end_step(self) -> None:
+        """Count a step; the calls of a step that kept tensors are the buckets to decide."""
+        self.steps += 1
+        if self._calls:
+            self.buckets, self._calls = self._calls, []
+
+    def due(self) -> str | None:
+        """What the start of this step must do: ``"decide"`` (kept tensors, past the
+        warm-up), ``"recheck"`` (the link's probe is due), or None."""
+        if self.steps < self.warmup_steps:
+            return None
+        if self.kept and self.buckets:
+            return "decide"
+        if self.recheck_steps and self.link and self.steps - self.decided_at >= self.recheck_steps:
+            return "recheck"
+        return None
+
+    def changed(self, link: Sequence[float]) -> bool:
+        """Whether a probed link differs from the decided one by more than `margin`."""
+        return any(abs(new - old) > self.margin * old for new, old in zip(link, self.link))
+
+    def decide(self, link: Sequence[float], costs: dict[str, TensorCost], world: int,
+               decompressions: int) -> None:
+        """Choose the forms of every bucket's tensors from agreed measurements (step 3).
+
+        Args:
+            link: ``[latency_s, bandwidth_bps]``.
+            costs: Every tensor's measurements, by name (the kept ones and earlier ones).
+            world: The ranks of the exchange's group.
+            decompressions: Decompressions per compressed tensor and rank.
+        """
+        self.link = list(link)
+        self.costs.update({name: [getattr(c, f) for f in TensorCost.__dataclass_fields__]
+                           for name, c in costs.items()})
+        model = Model(link[0], link[1], world, decompressions)
+        rows = []
+        for index, (names, recorded) in enumerate(self.recorded_buckets()):
+            known = [n for n in names if n in self.costs]
+            forms, compressed_s, chosen_s = choose(
+                [TensorCost(*self.costs[n]) for n in known], recorded, model)
+            self.forms.update(zip(known, forms))
+            rows.append({"bucket": index, "tensors": len(known),
+                         "bytes": sum(int(self.costs[n][0] * self.costs[n][1]) for n in known),
+                         **{form: forms.count(form) for form in FORMS},
+                         "compressed_ms": 1e3 * compressed_s, "chosen_ms": 1e3 * chosen_s})
+        self.decision = rows
+        self.decided_at = self.steps
+        self.decisions += 1
+        self.kept = {}
+        LOG.info("strategy auto, decision %d:\n%s", self.decisions, self.table())
+
+    def recorded_buckets(self) -> list[tuple[list[str], dict[str, list[float]]]]:
+        """The buckets to decide (`recorded`, with the calls kept since the last decision
+        added): their names and the collectives they launched compressed."""
+        self.recorded += [(list(names), {k: list(v) for k, v in link.recorded.items()})
+                          for names, link in self.buckets]
+        self.buckets = []
+        return self.recorded
+
+    def table(self) -> str:
+        """The last decision as a table: bucket, tensors, size, how many tensors go in each
+        form, and the modelled time of the bucket compressed throughout and as chosen."""
+        lines = [f"strategy auto: latency {1e6 * self.link[0]:.0f} us, bandwidth "
+                 f"{8e-6 * self.link[1]:.1f} Mbit/s (probed)",
+                 "bucket | tensors | KB     | compressed | fp16 | dense | ms compressed "
+                 "| ms chosen | saving"]
+        for row in self.decision:
+            lines.append(f"{row['bucket']:>6} | {row['tensors']:>7} | {row['bytes'] / 1e3:>6.1f} "
+                         f"| {row[COMPRESSED]:>10} | {row[FP16]:>4} | {row[DENSE]:>5} "
+                         f"| {row['compressed_ms']:>13.2f} | {row['chosen_ms']:>9.2f} "
+                         f"| {row['compressed_ms'] - row['chosen_ms']:>6.2f}")
+        return "\n".join(lines)
+
+
+def probe(group: Any, device: torch.device) -> list[float]:
+    """This rank's measurement of the link of `group`: ``[latency_s, bandwidth_bps]`` by
+    blocking allreduces (module docstring, step 2); nothing is counted as payload."""
+    world = dist.get_world_size(group)
+
+    def seconds(nbytes: int, repeats: int) -> float:
+        buf = torch.zeros(max(1, nbytes // 4), device=device)
+        dist.all_reduce(buf, group=group)  # connections and buffers set up
+        best = float("inf")
+        for _ in range(repeats):
+            sync(device)
+            start = time.perf_counter()
+            dist.all_reduce(buf, group=group)
+            sync(device)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    small = seconds(8, PROBE_REPEATS)
+    nbytes = PROBE_START_BYTES
+    while True:
+        large = seconds(nbytes, 2)
+        if large - small >= PROBE_ENOUGH_S or nbytes >= PROBE_MAX_BYTES:
+            break
+        nbytes *= 4
+    latency = small / (2 * (world - 1))
+    return [latency, 2 * (world - 1) / world * nbytes / max(large - small, 1e-9)]
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device, repeats: int = 2) -> tuple[float, Any]:
+    """The best of `repeats` wall times of `fn` and its last result."""
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        out = fn()
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def agree(values: list[float], group: Any, device: torch.device) -> list[float]:
+    """The mean of every rank's `values` over `group`, as rank 0 of the group has it (the
+    same numbers on every rank, whatever each rank measured)."""
+    if dist.get_world_size(group) == 1:
+        return list(values)
+    buf = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(buf, group=group)
+    buf /= dist.get_world_size(group)
+    dist.broadcast(buf, src=dist.get_global_rank(group, 0) if group is not None else 0,
+                   group=group)
+    return buf.tolist()
+
+
+def measure_costs(kept: dict[str, torch.Tensor], compress: Callable[[str, torch.Tensor], Any],
+                  decompress: Callable[[Any], torch.Tensor],
+                  fp16: Callable[[str, torch.Tensor], Any]) -> dict[str, list[float]]:
+    """This rank's compute measurements of the kept tensors (module docstring, step 2):
+    ``{name: [numel, itemsize, payload bytes, compress_s, decompress_s, fp16_s]}``, where
+    `compress` returns (payload, ctx) and `fp16` round-trips a tensor."""
+    out = {}
+    for name, t in kept.items():
+        compress_s, (payload, ctx) = timed(lambda n=name, x=t: compress(n, x), t.device)
+        decompress_s, _ = timed(lambda p=payload, c=ctx: decompress((p, c)), t.device)
+        fp16_s, _ = timed(lambda n=name, x=t: fp16(n, x), t.device)
+        out[name] = [t.numel(), t.element_size(), payload_nbytes(payload),
+                     compress_s + decompress_s, decompress_s, fp16_s]
+    return out
+

@@ -1,0 +1,223 @@
+"""``strategy="auto"`` (gracecomm.strategy): the choice of each tensor's form from the cost
+model, error feedback across a change of form, the state, the refusals, the decision being
+the same on every rank whatever each rank measured, and every registered combination
+working per tensor (or refused) flat and two-level on Gloo ranks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import gracecomm
+import gracecomm.pipeline
+from gracecomm import ConfigError, register_comm_hook
+from gracecomm.registry import COMMUNICATORS, COMPRESSORS, MEMORIES
+from gracecomm.strategy import COMPRESSED, DENSE, FORMS, FP16, Model, Strategy, TensorCost, choose
+from tests.helpers import run_ranks
+from tests.test_hierarchy import as_nodes, grads
+
+SLOW_LINK = Model(latency_s=1e-3, bandwidth_bps=1.25e6, world=4, decompressions=5)  # 10 Mbit/s
+FAST_LINK = Model(latency_s=50e-6, bandwidth_bps=1.25e9, world=4, decompressions=5)  # 10 Gbit/s
+
+
+def cost(numel: int, ratio: float = 0.01, compute_s: float = 1e-3) -> TensorCost:
+    """A float32 tensor whose Top-k payload keeps `ratio` (value and index, 8 bytes each)."""
+    return TensorCost(numel, 4, max(1, int(numel * ratio)) * 8.0, compute_s, compute_s / 4,
+                      compute_s / 10)
+
+
+def allgather_of(costs: list[TensorCost]) -> dict[str, list[float]]:
+    """What an allgather of the costs' payloads records: world x the payload, one call."""
+    return {"allgather": [1, SLOW_LINK.world * sum(c.payload_bytes for c in costs)]}
+
+
+def test_a_slow_link_compresses_large_tensors_and_sends_small_ones_with_them():
+    costs = [cost(1_000_000), cost(64, compute_s=1e-4)]
+    forms, compressed_s, chosen_s = choose(costs, allgather_of(costs), SLOW_LINK)
+    # the bias costs less compressed than in an allreduce of its own, whose latency it pays
+    assert forms == [COMPRESSED, COMPRESSED]
+    assert chosen_s == pytest.approx(compressed_s)
+
+
+def test_a_fast_link_sends_dense_and_small_tensors_never_pay_a_round_of_their_own():
+    costs = [replace(cost(1_000_000, compute_s=20e-3), fp16_s=5e-3), cost(64, compute_s=1e-4)]
+    forms, compressed_s, chosen_s = choose(costs, allgather_of(costs), FAST_LINK)
+    assert forms == [DENSE, DENSE]
+    assert chosen_s < compressed_s
+    # fp16 where the cast is cheap and the bytes still count
+    cheap = [replace(cost(1_000_000, compute_s=20e-3), fp16_s=1e-5)]
+    assert choose(cheap, allgather_of(cheap), FAST_LINK)[0] == [FP16]
+
+
+def test_mixed_forms_where_the_latency_of_a_second_collective_pays():
+    costs = [cost(4_000_000, compute_s=5e-3), cost(2_000_000, ratio=0.5, compute_s=80e-3)]
+    forms, compressed_s, chosen_s = choose(costs, allgather_of(costs), SLOW_LINK)
+    assert forms[0] == COMPRESSED and forms[1] != COMPRESSED
+    assert chosen_s < compressed_s
+
+
+def test_one_process_sends_everything_dense_and_records_the_decision():
+    grace = gracecomm.build({"name": "topk", "ratio": 0.1}, strategy="auto")
+    assert repr(grace).endswith("strategy='auto')")
+    named = [("w", torch.randn(50, 20)), ("b", torch.randn(50))]
+    for _ in range(4):  # the decision at the start of the fourth
+        grace.step_many(named)
+    assert grace.strategy.forms == {"w": DENSE, "b": DENSE}  # no link: nothing to save
+    assert grace.metrics.pop()["decisions"] == 1
+    assert "bucket" in grace.strategy.table() and grace.strategy.decision[0]["dense"] == 2
+
+
+def test_error_feedback_follows_a_change_of_form():
+    """A tensor sent dense carries its residual once and leaves none; sent in fp16 it leaves
+    the cast's error."""
+    grace = gracecomm.build({"name": "topk", "ratio": 0.25}, strategy=Strategy(warmup_steps=5))
+    g1, g2 = torch.arange(8.0) - 3.5, torch.linspace(-1, 1, 8)
+    grace.step_many([("w", g1), ("v", g1)])
+    residual = grace.memory.residuals["w"].clone()
+    assert residual.abs().sum() > 0
+    grace.strategy.forms.update(w=DENSE, v=FP16)
+    w, v = grace.step_many([("w", g2), ("v", g2)])
+    assert torch.equal(w, g2 + residual)
+    assert torch.equal(v, (g2 + residual).half().float())
+    assert not grace.memory.residuals["w"].any()
+    torch.testing.assert_close(grace.memory.residuals["v"],
+                               (g2 + residual) - (g2 + residual).half().float())
+
+
+def test_state_round_trip_keeps_the_decision():
+    def run(grace: gracecomm.Grace, steps: range) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(0)
+        out = []
+        for step in range(steps.stop):
+            named = [("w", torch.randn(40, 10, generator=gen)),
+                     ("b", torch.randn(40, generator=gen))]
+            if step in steps:
+                out += grace.step_many(named)
+        return out
+
+    spec = {"name": "topk", "ratio": 0.1}
+    first = gracecomm.build(spec, strategy=Strategy(warmup_steps=1))
+    run(first, range(3))
+    saved = first.state_dict()
+    assert saved["strategy"]["forms"] == first.strategy.forms and saved["strategy"]["decisions"]
+    again = gracecomm.build(spec, strategy="auto")
+    again.load_state_dict(saved)
+    assert again.strategy.forms == first.strategy.forms
+    for a, b in zip(run(first, range(3, 5)), run(again, range(3, 5))):
+        assert torch.equal(a, b)
+
+
+def test_refusals_and_options():
+    with pytest.raises(ConfigError, match="strategy 'auto'.*whole model.*strategy=fixed"):
+        gracecomm.build("lgc_rar", strategy="auto")
+    with pytest.raises(ConfigError, match="memory 'efsignsgd' cannot follow.*strategy=fixed"):
+        gracecomm.build("efsignsgd", strategy="auto")
+    with pytest.raises(ConfigError, match="option 'strategy' must be one of 'fixed', 'auto'"):
+        gracecomm.build("topk", strategy="best")
+    with pytest.raises(ConfigError, match="'warmup_steps'"):
+        Strategy(warmup_steps=0)
+
+
+def _agree(rank: int, world: int) -> None:
+    """Rank 1 measures a link 100x slower and compression 1000x dearer: the decision is
+    still the same on both ranks."""
+    if rank == 1:
+        probe, measure = gracecomm.pipeline.probe, gracecomm.pipeline.measure_costs
+        gracecomm.pipeline.probe = lambda *a: [x * y for x, y in zip(probe(*a), (100, 0.01))]
+        gracecomm.pipeline.measure_costs = lambda *a: {
+            name: [*c[:3], *(1000 * x for x in c[3:])] for name, c in measure(*a).items()}
+    grace = gracecomm.build({"name": "topk", "ratio": 0.05}, strategy=Strategy(warmup_steps=1))
+    for step in range(3):
+        means = grace.step_many(grads(rank, step))
+    decided = [None] * world
+    dist.all_gather_object(decided, (grace.strategy.forms, grace.strategy.decision,
+                                     grace.strategy.link))
+    assert decided[0] == decided[1] and decided[0][0]
+    out = torch.cat([m.reshape(-1) for m in means])
+    every = [torch.empty_like(out) for _ in range(world)]
+    dist.all_gather(every, out)
+    assert torch.equal(every[0], every[1])
+
+
+@pytest.mark.slow
+def test_the_decision_is_the_same_on_every_rank_whatever_each_measured():
+    run_ranks(_agree, 2, timeout_s=120)
+
+
+def _ddp_async(rank: int, world: int) -> None:
+    results = []
+    for asynchronous in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4))
+        grace = gracecomm.build({"name": "topk", "ratio": 0.2},
+                                strategy=Strategy(warmup_steps=2))
+        ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        register_comm_hook(ddp, grace, opt, asynchronous=asynchronous)
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(5):
+            opt.zero_grad()
+            ddp(torch.randn(8, 12, generator=gen)).square().mean().backward()
+            opt.step()
+        assert grace.strategy.decisions == 1 and len(grace.strategy.decision) > 1  # buckets
+        results.append((torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+                        grace.strategy.forms))
+    assert torch.equal(results[0][0], results[1][0]) and results[0][1] == results[1][1]
+
+
+@pytest.mark.slow
+def test_ddp_hook_asynchronous_equals_synchronous():
+    run_ranks(_ddp_async, 2, timeout_s=120)
+
+
+def _walk(rank: int, world: int, hierarchy: str) -> None:
+    """Every registered compressor x memory x communicator that builds (defaults; two-level,
+    each compressor with its default memory and communicator):
+    with ``strategy="auto"`` it is refused with a message naming the strategy, or it runs
+    five steps (a decision after the second) whose means are finite and the same on every
+    rank, the forms then set to each of the three in turn (the probed link: 400 kbit/s)."""
+    as_nodes(rank, 2)
+    gracecomm.pipeline.probe = lambda *a: [2e-4, 5e4]
+    combos = ([(c, m, k) for c in COMPRESSORS.available() for m in MEMORIES.available()
+               for k in COMMUNICATORS.available()] if hierarchy == "flat" else
+              [(c, None, None) for c in COMPRESSORS.available()])  # each makes node groups
+    refused, worked, forms = set(), 0, set()
+    for combo in combos:
+        try:
+            gracecomm.build(*combo)
+        except ConfigError:  # IncompatibleError too: not a combination that works fixed
+            continue
+        try:
+            grace = gracecomm.build(*combo, hierarchy=hierarchy,
+                                    strategy=Strategy(warmup_steps=2))
+        except ConfigError as err:
+            assert "strategy" in str(err), (combo, err)
+            refused.add(combo[0] if combo[0].startswith("lgc") else combo[1] or combo[0])
+            continue
+        means = []
+        for step in range(5):
+            means.append(torch.cat([m.reshape(-1) for m in grace.step_many(grads(rank, step))]))
+            if step == 2:  # then every form in turn, whatever was decided
+                decided = grace.strategy.forms
+                forms.update(decided.values())
+                decided.update((n, FORMS[i % 3]) for i, n in enumerate(sorted(decided)))
+        out = torch.cat(means)
+        every = [torch.empty_like(out) for _ in range(world)]
+        dist.all_gather(every, out)
+        assert torch.isfinite(out).all(), combo
+        assert all(torch.equal(e, out) for e in every), combo
+        assert grace.strategy.decisions == 1, combo
+        worked += 1
+    assert refused == {"lgc_ps", "lgc_rar", "efsignsgd"}
+    assert worked > (100 if hierarchy == "flat" else 20) and COMPRESSED in forms, (worked, forms)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hierarchy", ["flat", "node"])
+def test_every_registered_combination_works_per_tensor_or_is_refused(hierarchy: str) -> None:
+    run_ranks(_walk, 4, hierarchy, timeout_s=600)
