@@ -186,3 +186,42 @@ def test_a_method_that_missed_the_target_never_wins_where_the_projection_knows_i
     assert winners(projection, "m", "tta_s") == {(16, 1.0): ("topk", 100.0 / 60.0)}
     projection["tta_source"] = None  # no evidence: the shortest step wins
     assert winners(projection, "m") == {(16, 1.0): ("randomk", 5.0)}
+
+
+def test_the_decision_table_names_the_soonest_method_that_reached_the_target(tmp_path):
+    from gracecomm.experiments.cluster.projection import Fastest, fastest
+
+    def traffic(method, kind, wire):
+        return {"method": method, "communicator": kind, "wire_bytes": wire, "dense_bytes": 1e8,
+                "calls_per_bucket": 1, "reads": 3.0}
+    methods = {"ddp": traffic("ddp", "allreduce", 1e8), "topk": traffic("topk", "allgather", 2e5),
+               "randomk": traffic("randomk", "allreduce", 1e5)}
+    projection = {"nodes": [16], "bandwidths_gbps": [1.0], "tta_source": "steps.json",
+                  "models": {"m": {"parameters": 25_000_000, "compute_s": 0.3, "methods": methods,
+                                   "grid": {"16@1": {"step_s": {"ddp": 1.0, "topk": 0.4,
+                                                                "randomk": 0.2},
+                                                     "tta_s": {"ddp": 90.0, "topk": 80.0}}}}}}
+    (tmp_path / "p.json").write_text(json.dumps(projection))
+    tta = {"reached_target": True, "steps_to_target": 90, "final_accuracy": 0.95}
+    missed = {**tta, "reached_target": False, "steps_to_target": 300}
+    measured = stored(tmp_path, "4n_100mbit.json", 4, [
+        run("ddp", 0.2, 1.0, 1.0, timed=False, time_to_target_s=20.0, **tta),
+        run("fp16", 0.1, 2.0, 2.0, time_to_target_s=8.0, **tta),  # not the projection's
+        run("topk", 0.05, 4.0, 4.0, time_to_target_s=12.5, **{**tta, "steps_to_target": 200}),
+        run("randomk", 0.04, 5.0, 5.0, time_to_target_s=5.0, **missed)],
+        goal="accuracy", target_accuracy=0.93)
+    source = json.loads(measured.read_text())
+    cells = cluster_report.decision_cells(projection, "m", [source], {"ddp": 90, "topk": 200})
+    # measured: randomk missed the target, however short its time; fp16 does not compete
+    assert cells[(4, 100)] == (Fastest("topk", 1.6, "ddp", 1.6), True)
+    assert cells[(16, 1000)] == (Fastest("topk", 90 / 80, "ddp", 90 / 80), False)  # as stored
+    slow, fast = cells[(2, 10)][0], cells[(2, 100_000)][0]  # computed from the statistics
+    assert slow.method == "topk" and slow.over_ddp > 10 and fast.method == "ddp"
+    assert "randomk" not in (slow.runner_up, fast.runner_up)
+    assert fastest({}) is None and fastest({"topk": 2.0}) == Fastest("topk", None, None, None)
+    table = cluster_report.render_decision(tmp_path / "p.json", [measured], measured, "m")
+    assert "| 4 | " in table and "**`topk` 1.60x vs DDP (the runner-up)** (measured)" in table
+    assert f"| `ddp` {fast.over_runner_up:.2f}x over `topk` |" in table  # no margin over itself
+    assert "`randomk` (missed at 4 nodes at 100 Mbit/s)" in table
+    assert "(not the runs' `fp16`)" in table
+    assert cluster_report.verdict(None, False) == "-"

@@ -57,7 +57,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -191,12 +191,27 @@ def hierarchy_grid(methods: dict[str, dict[str, Any]], compute_s: float,
     return grid
 
 
+def reached(result: dict[str, Any], key: str) -> dict[str, float]:
+    """method -> `key` of each run of a ``goal=accuracy`` netbench result that reached the
+    target: a run that missed it has no time or steps to the target."""
+    return {r["method"]: r[key] for r in result["runs"] if r["reached_target"]}
+
+
 def steps_to_target(path: Path | None) -> dict[str, float]:
     """method -> steps to the target of a ``goal=accuracy`` netbench result (reached only)."""
     if path is None:
         return {}
-    result = json.loads(Path(path).read_text())
-    return {r["method"]: r["steps_to_target"] for r in result["runs"] if r["reached_target"]}
+    return reached(json.loads(Path(path).read_text()), "steps_to_target")
+
+
+def grid_cell(methods: dict[str, dict[str, Any]], compute_s: float, steps: dict[str, float],
+              nodes: int, bandwidth_gbps: float) -> dict[str, dict[str, float]]:
+    """One cell of the grid: each method's projected step time at `nodes` nodes of one rank
+    on links of `bandwidth_gbps` (``step_s``), and its time to accuracy where `steps` holds
+    its steps to the target (``tta_s``)."""
+    net = Network(bandwidth_gbps, LATENCY_US, overhead=TCP_OVER_ETHERNET)
+    step = {m: step_time(t, compute_s, nodes, net) for m, t in methods.items()}
+    return {"step_s": step, "tta_s": {m: step[m] * steps[m] for m in step if m in steps}}
 
 
 def project(tta: Path | None = None) -> dict[str, Any]:
@@ -217,14 +232,8 @@ def project(tta: Path | None = None) -> dict[str, Any]:
         shapes = shapes_of()
         compute = COMPUTE[model]["step_s"]
         methods = {m: traffic(m, shapes) for m in METHODS}
-        grid = {}
-        for bw in BANDWIDTHS_GBPS:
-            net = Network(bw, LATENCY_US, overhead=TCP_OVER_ETHERNET)
-            for nodes in NODES:
-                cell = {m: step_time(t, compute, nodes, net) for m, t in methods.items()}
-                grid[f"{nodes}@{bw:g}"] = {
-                    "step_s": cell,
-                    "tta_s": {m: cell[m] * steps[m] for m in cell if m in steps}}
+        grid = {f"{nodes}@{bw:g}": grid_cell(methods, compute, steps, nodes, bw)
+                for bw in BANDWIDTHS_GBPS for nodes in NODES}
         out["models"][model] = {
             "parameters": sum(math.prod(s) for s in shapes),
             "compute_s": compute, "compute_source": COMPUTE[model]["source"],
@@ -232,6 +241,26 @@ def project(tta: Path | None = None) -> dict[str, Any]:
             "hierarchy": hierarchy_grid(methods, compute, len(shapes))}
     out["load_after"] = list(os.getloadavg())
     return out
+
+
+class Fastest(NamedTuple):
+    """The method of least time among several, and its margins: another's time over its own."""
+
+    method: str
+    over_ddp: float | None  # None where plain DDP has no time
+    runner_up: str | None  # None where it is the only method
+    over_runner_up: float | None
+
+
+def fastest(times: dict[str, float]) -> Fastest | None:
+    """The method of least time in `times` (method -> seconds), with its margins over
+    ``ddp`` and over the runner-up; None where `times` is empty."""
+    if not times:
+        return None
+    best, *rest = sorted(times, key=times.get)
+    second = rest[0] if rest else None
+    return Fastest(best, times["ddp"] / times[best] if "ddp" in times else None, second,
+                   times[second] / times[best] if second else None)
 
 
 def winners(projection: dict[str, Any], model: str, key: str = "step_s"
@@ -245,10 +274,9 @@ def winners(projection: dict[str, Any], model: str, key: str = "step_s"
         times = values[key]
         if projection["tta_source"]:
             times = {m: t for m, t in times.items() if m in values["tta_s"]}
-        if not times or "ddp" not in times:
-            continue
-        best = min(times, key=times.get)
-        out[(int(nodes), float(bw))] = (best, times["ddp"] / times[best])
+        found = fastest(times)
+        if found is not None and found.over_ddp is not None:
+            out[(int(nodes), float(bw))] = (found.method, found.over_ddp)
     return out
 
 

@@ -18,11 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gracecomm.experiments.cluster.projection import Fastest, fastest, grid_cell, reached
 from gracecomm.experiments.reports.plots import save_figure
 from gracecomm.network import TCP_OVER_ETHERNET, Network, at_world_size
 
 ALLGATHER_SPARSIFIERS = ("topk", "dgc")
 ALLREDUCE_METHODS = ("powersgd_parity", "fp16", "randomk")
+CLUSTER_NODES = (2, 4, 8)  # the emulated cluster's sizes: the decision table's first rows
+DECISION_MBIT = (10, 100, 1000, 10_000, 100_000)  # the decision table's columns
 
 
 def load(path: Path | str) -> dict[str, Any]:
@@ -255,6 +258,118 @@ def render_hierarchy_projection(path: Path | str) -> str:
                 for m in methods) + " |")
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def decision_cells(projection: dict[str, Any], model: str, runs: Sequence[dict[str, Any]],
+                   steps: dict[str, float]
+                   ) -> dict[tuple[int, int], tuple[Fastest | None, bool]]:
+    """(nodes, Mbit/s) -> (the method that reaches the target soonest, with its margins;
+    None without evidence) and whether that is measured, at `CLUSTER_NODES` and the
+    projection's node counts, at `DECISION_MBIT`. Measured: the ``goal=accuracy`` result of
+    `runs` at that cell, its times to the target. Projected: `model`'s cell of the stored
+    projection, or one computed from its stored statistics with the same cost model
+    (`projection.grid_cell`), each method's step time times its `steps` to the target. Only
+    the projection's methods compete; one that missed the target in the run a cell rests on
+    (or has no `steps`) is left out of it."""
+    data = projection["models"][model]
+    measured = {(r["world_size"], r["bandwidth_mbps"]): r for r in runs}
+    cells = {}
+    for nodes in (*CLUSTER_NODES, *projection["nodes"]):
+        for mbit in DECISION_MBIT:
+            run = measured.get((nodes, mbit))
+            if run is not None:
+                times = {m: t for m, t in reached(run, "time_to_target_s").items()
+                         if m in data["methods"]}
+            else:
+                bw = mbit / 1000
+                cell = data["grid"].get(f"{nodes}@{bw:g}") or grid_cell(
+                    data["methods"], data["compute_s"], steps, nodes, bw)
+                times = cell["tta_s"]
+            cells[(nodes, mbit)] = (fastest(times), run is not None)
+    return cells
+
+
+def rate(mbit: float) -> str:
+    """A link rate in words: Mbit/s up to 1000, Gbit/s above."""
+    return f"{mbit:g} Mbit/s" if mbit <= 1000 else f"{mbit / 1000:g} Gbit/s"
+
+
+def factor(x: float) -> str:
+    """A ratio of times, to three significant digits up to 100x."""
+    return f"{x:.{2 if x < 10 else 1 if x < 100 else 0}f}x"
+
+
+def verdict(found: Fastest | None, measured: bool) -> str:
+    """A decision cell: the method and its margins over plain DDP and over the runner-up
+    (``-`` without evidence), in bold where measured."""
+    if found is None:
+        return "-"
+    margins = ([] if found.method == "ddp" else
+               ["no DDP time" if found.over_ddp is None else f"{factor(found.over_ddp)} vs DDP"])
+    if found.runner_up == "ddp":
+        margins[-1] += " (the runner-up)"
+    elif found.runner_up:
+        margins.append(f"{factor(found.over_runner_up)} over `{found.runner_up}`")
+    text = f"`{found.method}` {', '.join(margins)}".strip()
+    return f"**{text}** (measured)" if measured else text
+
+
+def render_decision(projection_path: Path | str, run_paths: Sequence[Path | str],
+                    steps_path: Path | str | None, model: str) -> str:
+    """Which method reaches the target accuracy soonest at each node count and link rate
+    (`decision_cells`): measured where one of the ``goal=accuracy`` results of `run_paths`
+    (one rank per node) ran, else projected for `model` with the steps to the target of the
+    result at `steps_path`; under the table, what each cell rests on (`decision_notes`)."""
+    r = load(projection_path)
+    runs = sorted((x for x in map(load, run_paths)
+                   if "target_accuracy" in x and x.get("ranks_per_node", 1) == 1),
+                  key=lambda x: (x["world_size"], x["bandwidth_mbps"]))
+    source = load(steps_path) if steps_path else None
+    cells = decision_cells(r, model, runs, reached(source, "steps_to_target") if source else {})
+    lines = ["| nodes | " + " | ".join(map(rate, DECISION_MBIT)) + " |",
+             "|---|" + "---|" * len(DECISION_MBIT)]
+    for nodes in dict.fromkeys(n for n, _ in cells):
+        lines.append(f"| {nodes} | " + " | ".join(
+            verdict(*cells[(nodes, mbit)]) for mbit in DECISION_MBIT) + " |")
+    return "\n\n".join(["\n".join(lines), *decision_notes(r, model, runs, source)])
+
+
+def where(run: dict[str, Any]) -> str:
+    """The cell a netbench result ran at, in words."""
+    return f"{run['world_size']} nodes at {run['bandwidth_mbps']:g} Mbit/s"
+
+
+def decision_notes(projection: dict[str, Any], model: str, runs: Sequence[dict[str, Any]],
+                   source: dict[str, Any] | None) -> list[str]:
+    """What the decision table's cells rest on: the measured runs, the projection and the
+    run of its steps to the target, the methods that compete and those left out for
+    missing the target."""
+    data = projection["models"][model]
+    nodes, bws = projection["nodes"], projection["bandwidths_gbps"]
+    measured = "; ".join(f"{where(x)} (target accuracy {x['target_accuracy']:.4f})"
+                         for x in runs) or "none"
+    steps = f"the run at {where(source)}" if source else "no run (so no projected cell has any)"
+    notes = [f"Measured (bold): {measured}; each method's time to the target as it ran. "
+             f"Projected (every other cell): {model} ({data['parameters']:,} parameters, "
+             f"compute {1e3 * data['compute_s']:.0f} ms per step), the projection's step time "
+             f"(as stored at {min(nodes)}-{max(nodes)} nodes and {min(bws):g}-{max(bws):g} "
+             "Gbit/s, elsewhere computed from its stored statistics with the same cost model) "
+             f"times each method's steps to the target in {steps}."]
+    candidates = list(data["methods"])
+    others = sorted({row["method"] for x in runs for row in x["runs"]} - set(candidates))
+    notes.append("Competing: the projection's methods, " + ", ".join(
+        f"`{m}`" for m in candidates) + (f" (not the runs' {', '.join(f'`{m}`' for m in others)})"
+                                         if others else "") + ".")
+    missed: dict[str, list[str]] = {}
+    for run in {where(x): x for x in [*runs, *([source] if source else [])]}.values():
+        for row in run["runs"]:
+            if row["method"] in candidates and not row["reached_target"]:
+                missed.setdefault(row["method"], []).append(where(run))
+    if missed:
+        notes.append("Left out of every cell that rests on a run where it missed the target: "
+                     + "; ".join(f"`{m}` (missed at {', '.join(at)})"
+                                 for m, at in missed.items()) + ".")
+    return notes
 
 
 def crossover(paths: Sequence[Path | str], max_nodes: int = 1024) -> dict[str, Any]:

@@ -8,6 +8,9 @@
     <!-- render: cluster_projection -->          past this machine, on paper
     <!-- render: cluster_hierarchy STEP NAME -->  flat beside two-level runs (hierarchies=[...])
     <!-- render: cluster_hierarchy_projection --> two levels past this machine, on paper
+    <!-- render: cluster_decision MODEL STEP... -->   which method reaches the target soonest:
+                                                     measured by STEP's goal=accuracy runs,
+                                                     else projected for MODEL
     cluster_model_error MBIT FORMAT                  (a value) the largest error of a projected
                                                      speedup at MBIT Mbit/s, over every node count
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gracecomm.experiments.cluster import report as cluster_report
@@ -100,6 +104,20 @@ def hierarchy_projection(ctx: Context) -> str:
                       cluster_report.render_hierarchy_projection(path))
 
 
+def decision(ctx: Context, model: str, *steps: str) -> str:
+    """The decision table (`cluster_report.render_decision`): the goal=accuracy runs of
+    `steps` where they ran, elsewhere the stored projection of `model` with the steps to the
+    target of the run it names (``tta_source``, a stored output of another step)."""
+    for name in ("cluster_projection", *steps):
+        if note := ctx.pending(name):
+            return note
+    path = ctx.step("cluster_projection").path("projection.json")
+    source = json.loads(path.read_text(encoding="utf-8"))["tta_source"]
+    steps_path = source and ctx.step(Path(source).parent.name).path(Path(source).name)
+    runs = [run for name in steps for run in sorted(ctx.step(name).folder.glob("*n_*mbit.json"))]
+    return cluster_report.render_decision(path, runs, steps_path, model)
+
+
 RENDERERS = {
     "cluster_step": step,
     "cluster_tta": tta,
@@ -109,4 +127,5 @@ RENDERERS = {
     "cluster_projection": projection,
     "cluster_hierarchy": hierarchy,
     "cluster_hierarchy_projection": hierarchy_projection,
+    "cluster_decision": decision,
 }
