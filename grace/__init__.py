@@ -26,12 +26,13 @@ from gracecomm.metrics import Metrics
 from gracecomm.needs import Need
 from gracecomm.pipeline import Grace, build
 from gracecomm.registry import COMMUNICATORS, COMPRESSORS, MEMORIES, available, create
+from gracecomm.strategy import Strategy
 from gracecomm.validation import ConfigError, IncompatibleError, NonFiniteError, PayloadError
 
 __all__ = [
     "COMMUNICATORS", "COMPRESSORS", "MEMORIES", "Communicator", "Compressor", "ConfigError",
     "Grace", "GradientExchange", "IncompatibleError", "Memory", "Metrics", "Need",
-    "NonFiniteError", "Payload", "PayloadError", "TensorInfo", "available", "build", "comm_hook",
-    "create", "register_comm_hook",
+    "NonFiniteError", "Payload", "PayloadError", "Strategy", "TensorInfo", "available", "build",
+    "comm_hook", "create", "register_comm_hook",
 ]
 __version__ = "0.1.0"

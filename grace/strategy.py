@@ -184,6 +184,15 @@ class Strategy(Stateful):
     Attributes:
         forms: Each decided tensor's form (`FORMS`), by name.
         decision: The last decision's rows (`table`), one per bucket.
+
+    Example:
+        >>> import torch, gracecomm
+        >>> grace = gracecomm.build({"name": "topk", "ratio": 0.5},
+        ...                         strategy=gracecomm.Strategy(warmup_steps=1))
+        >>> for _ in range(2):  # decided at the start of the second step
+        ...     mean = grace.step(torch.tensor([1.0, -3.0]), "w")
+        >>> grace.strategy.forms  # one process: no link to spare, so dense
+        {'w': 'dense'}
     """
 
     state_attrs = ("steps", "forms", "link", "costs", "recorded", "decided_at", "decision",
@@ -213,11 +222,23 @@ class Strategy(Stateful):
                 f"recheck_steps={self.recheck_steps}, margin={self.margin})")
 
     def forms_of(self, names: Sequence[str]) -> list[str]:
-        """Each tensor's form: decided, or compressed (warm-up, or seen since)."""
+        """Each tensor's form: decided, or compressed (warm-up, or seen since).
+
+        Args:
+            names: The tensors' names.
+
+        Returns:
+            One of `FORMS` for each.
+        """
         return [self.forms.get(name, COMPRESSED) for name in names]
 
     def keep(self, compensated: Sequence[tuple[str, torch.Tensor]], link: Link) -> None:
-        """Keep the undecided tensors of one compressed call and its link (step 1)."""
+        """Keep the undecided tensors of one compressed call and its link (step 1).
+
+        Args:
+            compensated: The call's tensors sent compressed, after error feedback.
+            link: The link its collectives are recorded on (`Link.recorded`).
+        """
         new = [(name, t) for name, t in compensated if name not in self.forms]
         if new:
             self.kept.update((name, t.detach().clone()) for name, t in new)
@@ -230,8 +251,12 @@ class Strategy(Stateful):
             self.buckets, self._calls = self._calls, []
 
     def due(self) -> str | None:
-        """What the start of this step must do: ``"decide"`` (kept tensors, past the
-        warm-up), ``"recheck"`` (the link's probe is due), or None."""
+        """What the start of this step must do.
+
+        Returns:
+            ``"decide"`` (kept tensors, past the warm-up), ``"recheck"`` (the link's probe
+            is due), or None.
+        """
         if self.steps < self.warmup_steps:
             return None
         if self.kept and self.buckets:
@@ -241,7 +266,14 @@ class Strategy(Stateful):
         return None
 
     def changed(self, link: Sequence[float]) -> bool:
-        """Whether a probed link differs from the decided one by more than `margin`."""
+        """Whether a probed link differs from the decided one by more than `margin`.
+
+        Args:
+            link: ``[latency_s, bandwidth_bps]``, probed and agreed.
+
+        Returns:
+            True if the latency or the bandwidth moved by more than `margin`.
+        """
         return any(abs(new - old) > self.margin * old for new, old in zip(link, self.link))
 
     def decide(self, link: Sequence[float], costs: dict[str, TensorCost], world: int,
@@ -259,7 +291,7 @@ class Strategy(Stateful):
                            for name, c in costs.items()})
         model = Model(link[0], link[1], world, decompressions)
         rows = []
-        for index, (names, recorded) in enumerate(self.recorded_buckets()):
+        for index, (names, recorded) in enumerate(self._recorded_buckets()):
             known = [n for n in names if n in self.costs]
             forms, compressed_s, chosen_s = choose(
                 [TensorCost(*self.costs[n]) for n in known], recorded, model)
@@ -274,7 +306,7 @@ class Strategy(Stateful):
         self.kept = {}
         LOG.info("strategy auto, decision %d:\n%s", self.decisions, self.table())
 
-    def recorded_buckets(self) -> list[tuple[list[str], dict[str, list[float]]]]:
+    def _recorded_buckets(self) -> list[tuple[list[str], dict[str, list[float]]]]:
         """The buckets to decide (`recorded`, with the calls kept since the last decision
         added): their names and the collectives they launched compressed."""
         self.recorded += [(list(names), {k: list(v) for k, v in link.recorded.items()})
@@ -283,8 +315,13 @@ class Strategy(Stateful):
         return self.recorded
 
     def table(self) -> str:
-        """The last decision as a table: bucket, tensors, size, how many tensors go in each
-        form, and the modelled time of the bucket compressed throughout and as chosen."""
+        """The last decision as a table.
+
+        Returns:
+            One line for the link, then per bucket: its tensors, size, how many tensors go
+            in each form, and the modelled time of the bucket compressed throughout and as
+            chosen.
+        """
         lines = [f"strategy auto: latency {1e6 * self.link[0]:.0f} us, bandwidth "
                  f"{8e-6 * self.link[1]:.1f} Mbit/s (probed)",
                  "bucket | tensors | KB     | compressed | fp16 | dense | ms compressed "

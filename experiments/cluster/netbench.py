@@ -34,7 +34,9 @@ run passes nothing (flat is the trainer's default) and keeps the method's name.
 ``strategies`` (``fixed``, ``auto``; default ``[fixed]``) likewise: an ``auto`` run passes
 ``exchange.strategy=auto`` (each tensor sent compressed, in fp16 or dense as the cost model
 chooses, `gracecomm.strategy`) and is named ``METHOD@auto`` (``METHOD@node@auto`` with both).
-Each run carries its ``hierarchy`` and ``strategy`` in the JSON. On the
+Each run carries its ``hierarchy`` and ``strategy`` in the JSON, and an ``auto`` run in
+``netbench.json`` its last ``decision`` (tensors per form, the probed link, the seconds its
+decisions took). On the
 cluster, every run's ``cross_node_bytes_per_step`` is counted by the links themselves: the
 bytes the nodes' uplinks sent (``tc -s``, `gracecomm.experiments.cluster.emulation.
 EmulatedCluster.link_bytes`, framing included), less those of a run of the same method of
@@ -104,7 +106,7 @@ from gracecomm.network import (
     OVERHEAD_KEYS,
     Network,
 )
-from gracecomm.strategy import STRATEGIES
+from gracecomm.strategy import FORMS, STRATEGIES
 from gracecomm.validation import ConfigError, check_choice, check_range
 
 TOPOLOGIES = ("loopback", "cluster")
@@ -276,6 +278,7 @@ def measure_steps(cfg: DictConfig, topology: Any, runs: list[tuple[str, list[str
     """``goal=step``: every run `rounds` times in turn, summarised."""
     measured: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _ in runs}
     counted: dict[str, list[int | None]] = {name: [] for name, _ in runs}
+    decided: dict[str, dict[str, Any]] = {}  # the last round's decision, per run
     warmup, steps = int(cfg.warmup_steps), int(cfg.steps)
     setup = setup_bytes(cfg, topology, runs, out_dir)
     for round_ in range(int(cfg.rounds)):  # methods in turn, so load drifts hit all alike
@@ -283,16 +286,31 @@ def measure_steps(cfg: DictConfig, topology: Any, runs: list[tuple[str, list[str
             run_dir = out_dir / f"{name}.{round_}"
             counted[name].append(topology.train([*overrides, *step_overrides(warmup + steps)],
                                                 run_dir, float(cfg.timeout_s)))
-            records = finished(run_dir).steps[warmup:]
+            run = finished(run_dir)
+            records = run.steps[warmup:]
             measured[name].append(records)
+            decided[name] = decision_fields(run)
             step_ms = 1e3 * statistics.median(r["step_s"] for r in records)
             print(f"round {round_ + 1}, {name}: {step_ms:.1f} ms/step", flush=True)
     rows = []
     for name, _ in runs:
         total = None if None in counted[name] else statistics.median(counted[name])
         rows.append({**summarise(name, measured[name], network, topology.ranks),
-                     **link_fields(per_step(total, setup[name], warmup + steps, cfg))})
+                     **link_fields(per_step(total, setup[name], warmup + steps, cfg)),
+                     **decided[name]})
     return rows
+
+
+def decision_fields(run: Run) -> dict[str, Any]:
+    """An ``exchange.strategy=auto`` run's last decision (`gracecomm.strategy`): how many
+    tensors went in each form, the probed link and the seconds the decisions took."""
+    decided = run.summary.get("strategy")
+    if not decided:
+        return {}
+    return {"decision": {"forms": {form: sum(b[form] for b in decided["buckets"])
+                                   for form in FORMS},
+                         "buckets": len(decided["buckets"]), "link": decided["link"],
+                         "decide_s": sum(r.get("decide_s", 0.0) for r in run.steps)}}
 
 
 def link_fields(bytes_per_step: float | None) -> dict[str, float]:
@@ -381,7 +399,8 @@ def measure_accuracy(cfg: DictConfig, topology: Any, runs: list[tuple[str, list[
         tta = time_to_target(run, target, warmup)
         records = tta.pop("step_records")
         rows.append({**summarise(name, [records], network, topology.ranks), **tta,
-                     **link_fields(per_step(total, setup[name], len(run.steps), cfg))})
+                     **link_fields(per_step(total, setup[name], len(run.steps), cfg)),
+                     **decision_fields(run)})
         print(f"{name}: {'reached' if tta['reached_target'] else 'missed'} {target:.4f} "
               f"after {tta['steps_to_target']} steps, {tta['time_to_target_s']:.1f} s "
               f"(final {tta['final_accuracy']:.4f})", flush=True)

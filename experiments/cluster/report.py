@@ -21,6 +21,7 @@ from typing import Any
 from gracecomm.experiments.cluster.projection import Fastest, fastest, grid_cell, reached
 from gracecomm.experiments.reports.plots import save_figure
 from gracecomm.network import TCP_OVER_ETHERNET, Network, at_world_size
+from gracecomm.strategy import FORMS
 
 ALLGATHER_SPARSIFIERS = ("topk", "dgc")
 ALLREDUCE_METHODS = ("powersgd_parity", "fp16", "randomk")
@@ -234,6 +235,46 @@ def render_hierarchies(path: Path | str) -> str:
         lines.append(f"| `{name}` | {1e3 * row['step_s']:.1f} | {1e3 * node['step_s']:.1f} | "
                      f"{row['step_s'] / node['step_s']:.2f}x | {traffic} | {projected} |")
     return "\n".join([*lines, "", source(r)])
+
+
+def render_strategies(paths: Sequence[Path | str]) -> str:
+    """Netbench results with ``strategies=[fixed,auto]`` (one per link rate): each method's
+    fixed run beside its ``METHOD@auto`` run and plain DDP, by step time, or by time to the
+    target for ``goal=accuracy``; the auto run's ratio to the faster of DDP and the fixed
+    method, its speedup over the fixed method, the tensors it sent in each form (compressed /
+    fp16 / dense) and the seconds its decision took."""
+    results = [load(p) for p in paths]
+    accuracy = results[0].get("goal") == "accuracy"
+    key = "time_to_target_s" if accuracy else "step_s"
+    unit = "time to target s" if accuracy else "step ms"
+    scale = 1.0 if accuracy else 1e3
+    lines = [f"| link | method | {unit}: ddp / fixed / auto | auto / faster of the two | "
+             "auto speedup over fixed | tensors compressed / fp16 / dense | decision s |"
+             + (" final accuracy fixed / auto |" if accuracy else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if accuracy else "")]
+    for r in sorted(results, key=lambda r: r["bandwidth_mbps"]):
+        by = {row["method"]: row for row in r["runs"]}
+        ddp = by[r.get("baseline", "ddp")]
+        for name, fixed in by.items():
+            auto = by.get(f"{name}@auto")
+            if auto is None:
+                continue
+            shown = [ddp, fixed, auto]
+            times = " / ".join(f"{scale * x[key]:.1f}" + ("" if x.get("reached_target", True)
+                                                         else " (missed)") for x in shown)
+            forms = auto.get("decision", {})
+            counts = " / ".join(str(forms["forms"][f]) for f in FORMS) if forms else "-"
+            line = (f"| {r['bandwidth_mbps']:g} Mbit/s | `{name}` | {times} | "
+                    f"{auto[key] / min(ddp[key], fixed[key]):.2f}x | "
+                    f"{fixed[key] / auto[key]:.2f}x | {counts} | "
+                    + (f"{forms['decide_s']:.2f}" if forms else "-") + " |")
+            if accuracy:
+                line += f" {fixed['final_accuracy']:.4f} / {auto['final_accuracy']:.4f} |"
+            lines.append(line)
+    first = results[0]
+    return "\n".join([f"{first['world_size']} nodes x {first['ranks_per_node']} rank"
+                      f"{contention(first)}", "", *lines, "",
+                      *(f"- {source(r)}" for r in results)])
 
 
 def render_hierarchy_projection(path: Path | str) -> str:

@@ -384,9 +384,7 @@ class Worker:
         self.watch.loss(self.step + 1, epoch, loss_value)
         stats = grace.metrics.pop()
         if stats.get("decisions") and self.logger is not None:  # exchange.strategy=auto
-            for line in grace.strategy.table().splitlines():
-                print(line, flush=True)
-                to_log_file(line)
+            print(grace.strategy.table(), flush=True)  # gracecomm.strategy logs it too
         stats["step_s"] = time.perf_counter() - start
         stats["compute_s"] = slowest(compute_time(stats), self.device)
         stats.update(project(stats, self.world_size, self.nets))

@@ -8,6 +8,8 @@
     <!-- render: cluster_projection -->          past this machine, on paper
     <!-- render: cluster_hierarchy STEP NAME -->  flat beside two-level runs (hierarchies=[...])
     <!-- render: cluster_hierarchy_projection --> two levels past this machine, on paper
+    <!-- render: cluster_strategies STEP -->      fixed beside auto runs (strategies=[...]),
+                                                 every link rate of STEP
     <!-- render: cluster_decision MODEL STEP... -->   which method reaches the target soonest:
                                                      measured by STEP's goal=accuracy runs,
                                                      else projected for MODEL
@@ -104,6 +106,12 @@ def hierarchy_projection(ctx: Context) -> str:
                       cluster_report.render_hierarchy_projection(path))
 
 
+def strategies(ctx: Context, name: str) -> str:
+    """Every run of step `name` (``4n_*mbit.json``) with its fixed and auto strategies."""
+    return ctx.pending(name) or as_stamped(ctx, name, cluster_report.render_strategies(
+        sorted(ctx.step(name).folder.glob("*n_*mbit.json"))))
+
+
 def decision(ctx: Context, model: str, *steps: str) -> str:
     """The decision table (`cluster_report.render_decision`): the goal=accuracy runs of
     `steps` where they ran, elsewhere the stored projection of `model` with the steps to the
@@ -128,4 +136,5 @@ RENDERERS = {
     "cluster_hierarchy": hierarchy,
     "cluster_hierarchy_projection": hierarchy_projection,
     "cluster_decision": decision,
+    "cluster_strategies": strategies,
 }
