@@ -474,20 +474,22 @@ class Grace(Stateful):
     def _measure_costs(self, kept: Mapping[str, torch.Tensor]) -> dict[str, list[float]]:
         """This rank's compute measurements of `kept` (`gracecomm.strategy.measure_costs`),
         the compressor's state and statistics left as they were."""
+        assert self.strategy is not None
         saved = snapshot(self.compressor.state_dict())
         self.compressor.bind(self.communicator, Metrics())
         fp16 = self._codecs[FP16][0]
 
-        def compress(name: str, tensor: torch.Tensor) -> Any:
-            rounds = self.compressor.compress_rounds([(name, tensor)], None)
+        def compress(named: list[tuple[str, torch.Tensor]]) -> list[Any]:
+            rounds = self.compressor.compress_rounds(named, None)
             while True:  # no collective without a link
                 try:
                     next(rounds)
                 except StopIteration as stop:
-                    return stop.value[0]
+                    return stop.value
 
         try:
-            return measure_costs(kept, compress, lambda item: self.compressor.decompress(*item),
+            return measure_costs(kept, [names for names, _ in self.strategy.buckets], compress,
+                                 lambda item: self.compressor.decompress(*item),
                                  lambda name, t: fp16.decompress(*fp16.compress(t, name)))
         finally:
             self.compressor.load_state_dict(saved)

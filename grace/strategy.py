@@ -24,8 +24,10 @@ How the choice is made:
      the bandwidth B, by the ring allreduce's time 2(N-1) alpha + 2(N-1)/N n/B
      (`gracecomm.network`), as the cluster calibration does;
    - compute, on the kept tensors: the method's compression and one decompression (best of
-     two; the compressor's state is restored afterwards, so the run goes on as if it had
-     not been timed), the bytes of its payload, and the fp16 cast and back;
+     two; the compression of each bucket's tensors apart scaled to that of the bucket at
+     once, as a method such as PowerSGD batches them; the compressor's state is restored
+     afterwards, so the run goes on as if it had not been timed), the bytes of its payload,
+     and the fp16 cast and back;
    - agreement: the numbers are averaged over the group and rank 0's average broadcast, so
      every rank decides from the same numbers and the decision is the same on every rank.
 3. **The choice**, per call (bucket): with `gracecomm.network.Network` at the probed
@@ -98,8 +100,8 @@ def check_strategy(value: Any, owner: str = "pipeline") -> str:
 @dataclass(frozen=True)
 class TensorCost:
     """One tensor's measurements: elements, bytes per element, the method's payload bytes,
-    the method's compute (compression and one decompression) and the fp16 round trip's,
-    and the time of one decompression alone (seconds)."""
+    the method's compression (its share of its bucket's), one decompression, and the fp16
+    round trip (seconds)."""
 
     numel: int
     itemsize: int
@@ -153,7 +155,7 @@ def choose(costs: Sequence[TensorCost], recorded: dict[str, list[float]], model:
     fixed[FP16] = fixed[DENSE] = model.collective("allreduce", 1)[0]
     ring = model.collective("allreduce", 1)[1]
     marginal = [{COMPRESSED: c.payload_bytes * per_byte + c.compress_s
-                 + (model.decompressions - 1) * c.decompress_s,
+                 + model.decompressions * c.decompress_s,
                  FP16: 2 * c.numel * ring + c.fp16_s,
                  DENSE: c.numel * c.itemsize * ring} for c in costs]
     best: tuple[float, list[str]] | None = None
@@ -393,18 +395,29 @@ def agree(values: list[float], group: Any, device: torch.device) -> list[float]:
     return buf.tolist()
 
 
-def measure_costs(kept: dict[str, torch.Tensor], compress: Callable[[str, torch.Tensor], Any],
+def measure_costs(kept: dict[str, torch.Tensor], buckets: Sequence[Sequence[str]],
+                  compress: Callable[[list[tuple[str, torch.Tensor]]], list[Any]],
                   decompress: Callable[[Any], torch.Tensor],
                   fp16: Callable[[str, torch.Tensor], Any]) -> dict[str, list[float]]:
     """This rank's compute measurements of the kept tensors (module docstring, step 2):
     ``{name: [numel, itemsize, payload bytes, compress_s, decompress_s, fp16_s]}``, where
-    `compress` returns (payload, ctx) and `fp16` round-trips a tensor."""
+    `compress` compresses a call's tensors at once, returning (payload, ctx) for each, and
+    `fp16` round-trips a tensor. A method that compresses a call's tensors together (PowerSGD
+    batches them by shape) costs less than the sum of its calls tensor by tensor: each
+    tensor's compression time is scaled so that a bucket's add up to the bucket's own."""
     out = {}
     for name, t in kept.items():
-        compress_s, (payload, ctx) = timed(lambda n=name, x=t: compress(n, x), t.device)
+        compress_s, ((payload, ctx),) = timed(lambda n=name, x=t: compress([(n, x)]), t.device)
         decompress_s, _ = timed(lambda p=payload, c=ctx: decompress((p, c)), t.device)
         fp16_s, _ = timed(lambda n=name, x=t: fp16(n, x), t.device)
-        out[name] = [t.numel(), t.element_size(), payload_nbytes(payload),
-                     compress_s + decompress_s, decompress_s, fp16_s]
+        out[name] = [t.numel(), t.element_size(), payload_nbytes(payload), compress_s,
+                     decompress_s, fp16_s]
+    for names in buckets:
+        named = [(name, kept[name]) for name in names if name in kept]
+        alone = sum(out[name][3] for name, _ in named)
+        if len(named) > 1 and alone > 0:
+            together, _ = timed(lambda n=named: compress(n), named[0][1].device)
+            for name, _ in named:
+                out[name][3] *= together / alone
     return out
 

@@ -86,3 +86,45 @@ def test_the_command_prints_the_ranking_and_its_json_last(tmp_path):
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["nodes"] == 4 and {r["method"] for r in last["ranking"]} == {"ddp", "topk"}
     assert "| rank | method |" in proc.stdout, proc.stdout
+
+
+def cluster_run(tmp_path: Path, goal: str = "step") -> Path:
+    """A stored goal=step netbench result of the emulated cluster, calibrated."""
+    path = tmp_path / "4n_100mbit.json"
+    path.write_text(json.dumps({
+        "topology": "cluster", "goal": goal, "world_size": 4, "ranks_per_node": 1,
+        "bandwidth_mbps": 100.0, "latency_us_calibrated": 800.0, "compute_alone_s": 0.02,
+        "network": {"overhead": 1.05, "broadcast": "tree", "shared": False, "host_gbps": 5.0,
+                    "overlap": True},
+        "runs": [{"method": "ddp", "step_s": 0.2, "comm_timed": False, "compute_s": 0.03},
+                 {"method": "topk", "step_s": 0.1, "comm_timed": True, "compute_s": 0.05},
+                 {"method": "fp16", "step_s": 0.12, "comm_timed": True, "compute_s": 0.04}]}))
+    return path
+
+
+def test_against_takes_the_stored_cluster_its_network_and_contention(tmp_path):
+    cfg = advise.against(config(against=str(cluster_run(tmp_path)), nodes=8))
+    assert (cfg.nodes, cfg.ranks_per_node, cfg.bandwidth_mbps) == (4, 1, 100.0)
+    assert cfg.contention == pytest.approx(0.045 / 0.02)  # timed runs only: topk, fp16
+    net = advise.network(cfg)
+    assert (net.latency_us, net.host_gbps, net.overlap) == (800.0, 5.0, True)
+    assert advise.against(config()) == config()  # none: as configured
+    with pytest.raises(ConfigError, match="not a goal=step netbench result of topology=cluster"):
+        advise.validate(config(against=str(cluster_run(tmp_path, goal="accuracy"))))
+    with pytest.raises(ConfigError, match="option 'contention'"):
+        advise.validate(config(contention=0.5))
+
+
+def test_checked_rows_show_the_measured_step_and_the_error(tmp_path):
+    result = {"model": "resnet20", "parameters": 10, "compute_s": 0.02, "nodes": 4,
+              "ranks_per_node": 1, "bandwidth_mbps": 100.0, "evidence": None,
+              "against": "4n_100mbit.json", "contention": 2.0,
+              "ranking": [{"method": "topk", "hierarchy": "flat", "step_s": 0.11,
+                           "time_to_target_s": None, "verdict": "unknown", "missed": False,
+                           "wire_bytes": 1000.0, "compress_s": 0.001, "evidence": "unknown",
+                           "measured_step_s": 0.1}]}
+    assert "| 110.0 | - | 1.0 | 1.0 | unknown | 100.0 | +10% |" in advise.table(result)
+    assert advise.summary_line(result)["ranking"][0]["measured_step_s"] == 0.1
+    path = tmp_path / "advise.json"
+    path.write_text(json.dumps(result))
+    assert "| 100 Mbit/s | `topk` | 110.0 | 100.0 | +10% |" in advise.render_checks([path])

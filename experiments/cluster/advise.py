@@ -22,8 +22,20 @@ What goes in, and where it comes from:
   never recommended; one the run did not include is ranked by step time after those with
   evidence, its time to the target unknown.
 
+- **Contention** (``contention``): compute and compression are taken this many times slower
+  than timed here, for ranks that share a core (the emulated cluster's 4 ranks on 2 CPUs).
+
+``against=PATH`` checks the projection against a stored ``goal=step`` netbench result of the
+emulated cluster: the cluster is that run's (nodes, ranks per node, link rate, and the
+network its calibration measured: per-message latency that transfers overlap, the hosts'
+rate, TCP's framing; `gracecomm.experiments.cluster.report.network_of`), the contention its
+ranks' compute per step over one rank's alone (both stored), timed here as its ranks run
+(one torch thread); the table then sets each method's projected step beside the measured
+one, with the error.
+
 Its last line is JSON: ``{"nodes", "ranks_per_node", "bandwidth_mbps", "ranking": [{"method",
-"step_s", "time_to_target_s", "evidence"}]}``, best first.
+"step_s", "time_to_target_s", "evidence"}]}``, best first (with ``against``, each entry adds
+``measured_step_s``).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,13 +52,14 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from gracecomm.config import guarded, instantiate
 from gracecomm.experiments import presets
 from gracecomm.experiments.bench.timing import best_of
 from gracecomm.experiments.cluster.projection import step_stats, traffic
+from gracecomm.experiments.cluster.report import network_of
 from gracecomm.experiments.workloads.tasks import make_task
 from gracecomm.network import (
     TCP_OVER_ETHERNET,
@@ -65,6 +79,11 @@ def validate(cfg: DictConfig) -> None:
     check_range(cfg.workload.batch_size, "advise", "workload.batch_size", 1, integer=True)
     check_range(cfg.repeats, "advise", "repeats", 1, integer=True)
     check_range(cfg.latency_us, "advise", "latency_us", 0.0)
+    check_range(cfg.contention, "advise", "contention", 1.0, math.inf, high_open=True)
+    if cfg.against is not None and not Path(cfg.against).is_file():
+        raise ConfigError(f"advise: option 'against' names {cfg.against}, which is not a "
+                          "file; give a goal=step netbench.json of topology=cluster, or null")
+    against(cfg)
     for option in ("bandwidth_mbps", "intra_gbps"):
         value = cfg[option]
         if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
@@ -112,9 +131,32 @@ def compute_time(cfg: DictConfig) -> tuple[float, list[tuple[int, ...]]]:
 
 
 def network(cfg: DictConfig) -> Network:
-    """Each node's link, as configured."""
+    """Each node's link, as configured, or as the run of ``against`` calibrated it."""
+    if cfg.against is not None:
+        return network_of(stored(cfg))
     return Network(float(cfg.bandwidth_mbps) / 1000, float(cfg.latency_us),
                    overhead=TCP_OVER_ETHERNET, intra_gbps=cfg.intra_gbps)
+
+
+def stored(cfg: DictConfig) -> dict[str, Any]:
+    """The netbench result of ``against``."""
+    return json.loads(Path(cfg.against).read_text(encoding="utf-8"))
+
+
+def against(cfg: DictConfig) -> DictConfig:
+    """`cfg` with the cluster of ``against`` (module docstring): its nodes, ranks per node,
+    link rate and contention; `cfg` itself without it."""
+    if cfg.against is None:
+        return cfg
+    result = stored(cfg)
+    if result.get("topology") != "cluster" or result.get("goal", "step") != "step":
+        raise ConfigError(f"advise: option 'against' names {cfg.against}, which is not a "
+                          "goal=step netbench result of topology=cluster")
+    timed = [row["compute_s"] for row in result["runs"] if row["comm_timed"]]
+    return OmegaConf.merge(cfg, {
+        "nodes": result["world_size"], "ranks_per_node": result["ranks_per_node"],
+        "bandwidth_mbps": result["bandwidth_mbps"],
+        "contention": statistics.median(timed) / result["compute_alone_s"]})
 
 
 def projected_step(cfg: DictConfig, t: dict[str, Any], compute_s: float,
@@ -153,12 +195,24 @@ def rank(cfg: DictConfig) -> dict[str, Any]:
     """Every method's projected step and time to the target, best first (module
     docstring): those with evidence that reached the target, then those without evidence,
     then those that missed it."""
-    compute_s, shapes = compute_time(cfg)
+    cfg = against(cfg)
+    threads = torch.get_num_threads()
+    if cfg.against is not None:
+        torch.set_num_threads(1)  # as the cluster's ranks run
+    try:
+        compute_s, shapes = compute_time(cfg)
+        traffics = [traffic(method, shapes, device=str(cfg.device))
+                    for method in map(str, cfg.methods)]
+    finally:
+        torch.set_num_threads(threads)
     runs, label = evidence_of(cfg)
+    measured = ({row["method"]: row["step_s"] for row in stored(cfg)["runs"]}
+                if cfg.against is not None else {})
+    slowed = float(cfg.contention)
     rows = []
-    for method in map(str, cfg.methods):
-        t = traffic(method, shapes, device=str(cfg.device))
-        step_s, hierarchy = projected_step(cfg, t, compute_s, len(shapes))
+    for method, t in zip(map(str, cfg.methods), traffics):
+        t = {**t, "pipeline_s": slowed * t["pipeline_s"]}
+        step_s, hierarchy = projected_step(cfg, t, slowed * compute_s, len(shapes))
         run = runs.get(method)
         reached = run is not None and run["reached_target"]
         verdict = (f"reached the target in {run['steps_to_target']} steps" if reached else
@@ -169,40 +223,71 @@ def rank(cfg: DictConfig) -> dict[str, Any]:
                      "verdict": verdict,
                      "evidence": f"{verdict} ({label})" if run is not None else verdict,
                      "missed": run is not None and not reached,
-                     "wire_bytes": t["wire_bytes"], "compress_s": t["pipeline_s"]})
+                     "wire_bytes": t["wire_bytes"], "compress_s": t["pipeline_s"],
+                     **({"measured_step_s": measured.get(method)} if measured else {})})
     rows.sort(key=lambda r: (r["missed"], r["time_to_target_s"] is None,
                              r["time_to_target_s"] or r["step_s"]))
     return {"nodes": int(cfg.nodes), "ranks_per_node": int(cfg.ranks_per_node),
             "bandwidth_mbps": float(cfg.bandwidth_mbps), "model": str(cfg.workload.model),
-            "evidence": label or None,
+            "evidence": label or None, "against": cfg.against, "contention": slowed,
             "compute_s": compute_s, "parameters": sum(math.prod(s) for s in shapes),
             "ranking": rows}
 
 
 def table(result: dict[str, Any]) -> str:
     """The ranking as a Markdown table, with the setting it was projected for."""
+    checked = result.get("against") is not None
+    slowed = (f"; compute and compression x{result['contention']:.2f} for contention"
+              if result.get("contention", 1.0) != 1.0 else "")
     lines = [f"{result['model']} ({result['parameters']:,} parameters; one step "
-             f"{1e3 * result['compute_s']:.1f} ms here) on {result['nodes']} nodes x "
+             f"{1e3 * result['compute_s']:.1f} ms here{slowed}) on {result['nodes']} nodes x "
              f"{result['ranks_per_node']} rank(s), {result['bandwidth_mbps']:g} Mbit/s per "
              "node", "", "| rank | method | exchange | step ms | time to target s | "
-             "KB/step | compression ms | stored run |", "|---|---|---|---|---|---|---|---|"]
+             "KB/step | compression ms | stored run |"
+             + (" measured step ms | error |" if checked else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if checked else "")]
     for i, row in enumerate(result["ranking"], 1):
         tta = "-" if row["time_to_target_s"] is None else f"{row['time_to_target_s']:.1f}"
-        lines.append(f"| {'-' if row['missed'] else i} | `{row['method']}` | "
-                     f"{row['hierarchy']} | {1e3 * row['step_s']:.1f} | {tta} | "
-                     f"{row['wire_bytes'] / 1000:.1f} | {1e3 * row['compress_s']:.1f} | "
-                     f"{row['verdict']} |")
+        line = (f"| {'-' if row['missed'] else i} | `{row['method']}` | "
+                f"{row['hierarchy']} | {1e3 * row['step_s']:.1f} | {tta} | "
+                f"{row['wire_bytes'] / 1000:.1f} | {1e3 * row['compress_s']:.1f} | "
+                f"{row['verdict']} |")
+        if checked:
+            step = row.get("measured_step_s")
+            line += (f" {1e3 * step:.1f} | {100 * (row['step_s'] / step - 1):+.0f}% |"
+                     if step else " - | - |")
+        lines.append(line)
     source = (f"Stored run: {result['evidence']} (time to target: the projected step times "
               "its steps there)." if result["evidence"] else
               "No stored goal=accuracy run (option 'evidence'): times to target unknown.")
+    if checked:
+        source += (f" Measured: {result['against']} (the cluster's calibrated network and "
+                   "contention).")
     return "\n".join([*lines, "", source])
+
+
+def render_checks(paths: list[Path]) -> str:
+    """``advise.json`` of runs with ``against`` (one per link rate): each method's projected
+    step beside the measured one, and the error."""
+    lines = ["| link | method | projected step ms | measured step ms | error |",
+             "|---|---|---|---|---|"]
+    for result in sorted((json.loads(p.read_text(encoding="utf-8")) for p in paths),
+                         key=lambda r: r["bandwidth_mbps"]):
+        for row in result["ranking"]:
+            step = row.get("measured_step_s")
+            if step:
+                lines.append(f"| {result['bandwidth_mbps']:g} Mbit/s | `{row['method']}` | "
+                             f"{1e3 * row['step_s']:.1f} | {1e3 * step:.1f} | "
+                             f"{100 * (row['step_s'] / step - 1):+.0f}% |")
+    return "\n".join(lines)
 
 
 def summary_line(result: dict[str, Any]) -> dict[str, Any]:
     """The last line's JSON (module docstring)."""
+    keys = ("method", "step_s", "time_to_target_s", "evidence", "measured_step_s")
     return {key: result[key] for key in ("nodes", "ranks_per_node", "bandwidth_mbps")} | {
-        "ranking": [{key: row[key] for key in ("method", "step_s", "time_to_target_s",
-                                                "evidence")} for row in result["ranking"]]}
+        "ranking": [{key: row[key] for key in keys if key in row}
+                    for row in result["ranking"]]}
 
 
 @hydra.main(version_base="1.3", config_path="../../configs", config_name="advise")

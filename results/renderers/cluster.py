@@ -10,6 +10,8 @@
     <!-- render: cluster_hierarchy_projection --> two levels past this machine, on paper
     <!-- render: cluster_strategies STEP -->      fixed beside auto runs (strategies=[...]),
                                                  every link rate of STEP
+    <!-- render: advise_check STEP -->           gracecomm-advise's projection against the
+                                                 steps a cluster step measured
     <!-- render: cluster_decision MODEL STEP... -->   which method reaches the target soonest:
                                                      measured by STEP's goal=accuracy runs,
                                                      else projected for MODEL
@@ -29,6 +31,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gracecomm.experiments.cluster import advise
 from gracecomm.experiments.cluster import report as cluster_report
 
 if TYPE_CHECKING:
@@ -112,6 +115,13 @@ def strategies(ctx: Context, name: str) -> str:
         sorted(ctx.step(name).folder.glob("*n_*mbit.json"))))
 
 
+def advise_check(ctx: Context, name: str) -> str:
+    """`gracecomm-advise against=...` of step `name` (``4n_*mbit/advise.json``): each
+    method's projected step beside the measured one."""
+    return ctx.pending(name) or advise.render_checks(
+        sorted(ctx.step(name).folder.glob("*n_*mbit/advise.json")))
+
+
 def decision(ctx: Context, model: str, *steps: str) -> str:
     """The decision table (`cluster_report.render_decision`): the goal=accuracy runs of
     `steps` where they ran, elsewhere the stored projection of `model` with the steps to the
@@ -136,5 +146,6 @@ RENDERERS = {
     "cluster_hierarchy": hierarchy,
     "cluster_hierarchy_projection": hierarchy_projection,
     "cluster_decision": decision,
+    "advise_check": advise_check,
     "cluster_strategies": strategies,
 }
