@@ -407,7 +407,7 @@ class Grace(Stateful):
         if not self._in_step:
             self._in_step = True
             if self.strategy is not None and named:
-                self._strategy_start(named[0][1].device)
+                self._strategy_start(named[0][1].device, self.strategy.step_started())
         if not self.check_finite and self._before_step is None:
             self._before_step = snapshot(self.state_dict())
         if Need.GLOBAL_NORM in self.memory.needs():
@@ -437,10 +437,11 @@ class Grace(Stateful):
         return Exchange(self.communicator, self._compressed_rounds(live, link, forms),
                         [link, *forms.values()], names, merge)
 
-    def _strategy_start(self, device: torch.device) -> None:
+    def _strategy_start(self, device: torch.device, step_s: float) -> None:
         """At a step's first call, before any of its collectives: the decision or the probe
         of the link that ``strategy="auto"`` is due (`gracecomm.strategy`), collectively on
-        the exchange's group (every rank of it gets here at the same step)."""
+        the exchange's group (every rank of it gets here at the same step); `step_s` is the
+        last step's wall time on this rank."""
         strategy = self.strategy
         assert strategy is not None
         due = strategy.due()
@@ -461,14 +462,14 @@ class Grace(Stateful):
                 return
             costs = self._measure_costs(strategy.kept)
             names = list(costs)
-            values = [*link, *(v for name in names for v in costs[name])]
+            values = [*link, step_s, *(v for name in names for v in costs[name])]
             if world > 1:
                 values = agree(values, comm.group, device)
             width = len(TensorCost.__dataclass_fields__)
-            agreed = {name: TensorCost(int(values[2 + width * i]), int(values[3 + width * i]),
-                                       *values[4 + width * i:2 + width * (i + 1)])
+            agreed = {name: TensorCost(int(values[3 + width * i]), int(values[4 + width * i]),
+                                       *values[5 + width * i:3 + width * (i + 1)])
                       for i, name in enumerate(names)}
-            strategy.decide(values[:2], agreed, world, decompressions)
+            strategy.decide(values[:2], agreed, world, decompressions, values[2])
         self.metrics.add("decisions", 1)
 
     def _measure_costs(self, kept: Mapping[str, torch.Tensor]) -> dict[str, list[float]]:

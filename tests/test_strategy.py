@@ -61,6 +61,22 @@ def test_mixed_forms_where_the_latency_of_a_second_collective_pays():
     assert chosen_s < compressed_s
 
 
+def test_the_method_is_used_only_where_it_saves_enough_of_a_step():
+    """A 10 Mbit/s link: Top-k saves about two seconds over dense and fp16. Against a step of
+    two seconds that is above `min_saving`; against one of twenty it is not."""
+    costs = {"w": cost(1_000_000), "b": cost(64, compute_s=1e-4)}
+    link = [SLOW_LINK.latency_s, SLOW_LINK.bandwidth_bps]
+    for step_s, used in ((2.0, True), (20.0, False)):
+        strategy = Strategy()
+        strategy.recorded = [(["w", "b"], allgather_of(list(costs.values())))]
+        strategy.decide(link, costs, SLOW_LINK.world, SLOW_LINK.decompressions, step_s)
+        assert strategy.method_used is used
+        assert (strategy.forms["w"] == COMPRESSED) is used
+        assert ("below min_saving 0.2" in strategy.table()) is not used
+        saving = strategy.decision[0]["method_saves_ms"]
+        assert 1000 < saving < 3000
+
+
 def test_one_process_sends_everything_dense_and_records_the_decision():
     grace = gracecomm.build({"name": "topk", "ratio": 0.1}, strategy="auto")
     assert repr(grace).endswith("strategy='auto')")
@@ -131,7 +147,8 @@ def _agree(rank: int, world: int) -> None:
         gracecomm.pipeline.probe = lambda *a: [x * y for x, y in zip(probe(*a), (100, 0.01))]
         gracecomm.pipeline.measure_costs = lambda *a: {
             name: [*c[:3], *(1000 * x for x in c[3:])] for name, c in measure(*a).items()}
-    grace = gracecomm.build({"name": "topk", "ratio": 0.05}, strategy=Strategy(warmup_steps=1))
+    grace = gracecomm.build({"name": "topk", "ratio": 0.05},
+                            strategy=Strategy(warmup_steps=1, min_saving=0.0))
     for step in range(3):
         means = grace.step_many(grads(rank, step))
     decided = [None] * world
@@ -194,7 +211,7 @@ def _walk(rank: int, world: int, hierarchy: str) -> None:
             continue
         try:
             grace = gracecomm.build(*combo, hierarchy=hierarchy,
-                                    strategy=Strategy(warmup_steps=2))
+                                    strategy=Strategy(warmup_steps=2, min_saving=0.0))
         except ConfigError as err:
             assert "strategy" in str(err), (combo, err)
             refused.add(combo[0] if combo[0].startswith("lgc") else combo[1] or combo[0])
