@@ -17,7 +17,20 @@ import gracecomm
 import gracecomm.pipeline
 from gracecomm import ConfigError, register_comm_hook
 from gracecomm.registry import COMMUNICATORS, COMPRESSORS, MEMORIES
-from gracecomm.strategy import COMPRESSED, DENSE, FORMS, FP16, Model, Strategy, TensorCost, choose
+from gracecomm.strategy import (
+    COMPRESSED,
+    DENSE,
+    FORMS,
+    FP16,
+    LOSSLESS,
+    METHOD,
+    MIXED,
+    PLANS,
+    Model,
+    Strategy,
+    TensorCost,
+    choose,
+)
 from tests.helpers import run_ranks
 from tests.test_hierarchy import as_nodes, grads
 
@@ -61,20 +74,25 @@ def test_mixed_forms_where_the_latency_of_a_second_collective_pays():
     assert chosen_s < compressed_s
 
 
-def test_the_method_is_used_only_where_it_saves_enough_of_a_step():
-    """A 10 Mbit/s link: Top-k saves about two seconds over dense and fp16. Against a step of
-    two seconds that is above `min_saving`; against one of twenty it is not."""
-    costs = {"w": cost(1_000_000), "b": cost(64, compute_s=1e-4)}
+def test_each_plan_where_it_saves_enough_of_a_step():
+    """A 10 Mbit/s link, a tensor Top-k sends cheaply and one that costs less in fp16: the
+    method throughout saves most over fp16 and dense, mixing saves a little more. Whether
+    each gain is worth `min_saving` (0.2) of a step picks the plan."""
+    costs = {"w": cost(4_000_000, compute_s=5e-3),
+             "v": cost(100_000, ratio=0.5, compute_s=10e-3)}
+    recorded = allgather_of(list(costs.values()))
+    _, method_s, mixed_s = choose(list(costs.values()), recorded, SLOW_LINK)
+    lossless_s = choose(list(costs.values()), recorded, SLOW_LINK, (FP16, DENSE))[2]
+    assert lossless_s - method_s > 10 * (method_s - mixed_s) > 0
     link = [SLOW_LINK.latency_s, SLOW_LINK.bandwidth_bps]
-    for step_s, used in ((2.0, True), (20.0, False)):
+    for step_s, plan, w, v in (((method_s - mixed_s) / 0.4, MIXED, COMPRESSED, FP16),
+                               ((lossless_s - method_s) / 0.4, METHOD, COMPRESSED, COMPRESSED),
+                               ((lossless_s - mixed_s) / 0.1, LOSSLESS, FP16, FP16)):
         strategy = Strategy()
-        strategy.recorded = [(["w", "b"], allgather_of(list(costs.values())))]
+        strategy.recorded = [(["w", "v"], recorded)]
         strategy.decide(link, costs, SLOW_LINK.world, SLOW_LINK.decompressions, step_s)
-        assert strategy.method_used is used
-        assert (strategy.forms["w"] == COMPRESSED) is used
-        assert ("below min_saving 0.2" in strategy.table()) is not used
-        saving = strategy.decision[0]["method_saves_ms"]
-        assert 1000 < saving < 3000
+        assert (strategy.plan, strategy.forms) == (plan, {"w": w, "v": v})
+        assert PLANS[plan] in strategy.table()
 
 
 def test_one_process_sends_everything_dense_and_records_the_decision():
