@@ -118,8 +118,8 @@ def strategies(ctx: Context, name: str) -> str:
 def advise_check(ctx: Context, name: str) -> str:
     """`gracecomm-advise against=...` of step `name` (``4n_*mbit/advise.json``): each
     method's projected step beside the measured one."""
-    return ctx.pending(name) or advise.render_checks(
-        sorted(ctx.step(name).folder.glob("*n_*mbit/advise.json")))
+    return ctx.pending(name) or as_stamped(ctx, name, advise.render_checks(
+        sorted(ctx.step(name).folder.glob("*n_*mbit/advise.json"))))
 
 
 def decision(ctx: Context, model: str, *steps: str) -> str:
