@@ -481,12 +481,8 @@ class Grace(Stateful):
         fp16 = self._codecs[FP16][0]
 
         def compress(named: list[tuple[str, torch.Tensor]]) -> list[Any]:
-            rounds = self.compressor.compress_rounds(named, None)
-            while True:  # no collective without a link
-                try:
-                    next(rounds)
-                except StopIteration as stop:
-                    return stop.value
+            # without a link, no round launches a collective
+            return self.communicator.run_now(self.compressor.compress_rounds(named, None))
 
         try:
             return measure_costs(kept, [names for names, _ in self.strategy.buckets], compress,

@@ -398,14 +398,7 @@ def probe(group: Any, device: torch.device) -> list[float]:
     def seconds(nbytes: int, repeats: int) -> float:
         buf = torch.zeros(max(1, nbytes // 4), device=device)
         dist.all_reduce(buf, group=group)  # connections and buffers set up
-        best = float("inf")
-        for _ in range(repeats):
-            sync(device)
-            start = time.perf_counter()
-            dist.all_reduce(buf, group=group)
-            sync(device)
-            best = min(best, time.perf_counter() - start)
-        return best
+        return timed(lambda: dist.all_reduce(buf, group=group), device, repeats)[0]
 
     small = seconds(8, PROBE_REPEATS)
     nbytes = PROBE_START_BYTES
