@@ -52,7 +52,9 @@ segment on the ranks' CPUs and the kernel carries every frame, and where CPUs ar
 (many ranks sharing few cores, as on the emulated cluster) a collective takes longer than
 its link needs, most at high link rates. Each payload byte then costs 8 / host_gbps ns on
 top of the link's time; `gracecomm.experiments.cluster.netbench` calibrates it on the cluster from
-one allreduce of 1 MiB (the time the link and the latency do not explain).
+one allreduce of 1 MiB (the time the link and the latency do not explain): inside each node
+where nodes have several ranks (the loopback, which the hosts alone bound), else across
+nodes.
 
 With ``overlap=True`` a message costs max(alpha, its bytes / B) instead of their sum: alpha
 is then a floor per message that overlaps with its transfer. That is the emulated cluster

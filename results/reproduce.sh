@@ -28,7 +28,8 @@ steps=("$@")
   powersgd_vs_torch hook long_run netbench bench_lgc lgc_phase3 netbench_lgc bench_quality \
   bench_step bench_buffers \
   cluster_step cluster_pinning cluster_model cluster_collectives cluster_tta cluster_tta8 \
-  cluster_projection cluster_hierarchy cluster_hierarchy_1000mbit cluster_hierarchy_tta \
+  cluster_projection cluster_hierarchy cluster_hierarchy_1000mbit cluster_hierarchy_2n \
+  cluster_hierarchy_tta \
   cluster_strategy cluster_strategy_tta cluster_strategy_tta_1000mbit advise_check)
 
 run() {  # run CMD...: one command of the current step, recorded in its stamp
@@ -301,6 +302,12 @@ for step in "${steps[@]}"; do
       store 4x2_1000mbit gracecomm-netbench "${HIERARCHY[@]}" world_size=4 \
         bandwidth_mbps=1000 also_sync=false rounds=1 steps=15 warmup_steps=5 \
         'methods=[ddp,fp16,topk,dgc,sidco_e,powersgd,dr_bf_p0]' ;;
+    cluster_hierarchy_2n)  # needs root: the same on 2 nodes x 2 ranks, at every link rate
+      for mbit in 10 100 1000; do
+        store "2x2_${mbit}mbit" gracecomm-netbench "${HIERARCHY[@]}" world_size=2 \
+          bandwidth_mbps=$mbit also_sync=false rounds=1 steps=15 warmup_steps=5 \
+          'methods=[ddp,fp16,topk,dgc,sidco_e,powersgd,dr_bf_p0]'
+      done ;;
     cluster_hierarchy_tta)  # needs root: time to accuracy of Top-1%, flat and two levels
       store 4x2_10mbit gracecomm-netbench "${HIERARCHY[@]}" goal=accuracy world_size=4 \
         bandwidth_mbps=10 'methods=[ddp,topk]' "$TTA_DATA" timeout_s=1800 ;;

@@ -8,11 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from gracecomm.experiments.cluster.emulation import cluster_network
 from gracecomm.experiments.cluster.netbench import (
     format_table,
     per_step,
@@ -21,7 +23,7 @@ from gracecomm.experiments.cluster.netbench import (
     setup_steps,
     variant_of,
 )
-from gracecomm.experiments.cluster.topologies import NAMESPACE_PREFIX
+from gracecomm.experiments.cluster.topologies import NAMESPACE_PREFIX, hosts_rate
 from gracecomm.hierarchy import HIERARCHIES
 from gracecomm.strategy import STRATEGIES
 from gracecomm.validation import ConfigError
@@ -80,6 +82,18 @@ def test_link_bytes_per_step_leave_out_the_setup_run():
     assert per_step(None, 400_000, 35, cfg) is None  # a topology that does not count
     assert per_step(1_000_000, 400_000, 5, cfg) is None  # no step beyond the setup run's
     assert setup_steps(config(warmup_steps=0)) == 1
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_the_hosts_rate_is_what_the_allreduce_leaves_unexplained(inside):
+    """An allreduce timed as the model prices it with a hosts' rate gives that rate back,
+    inside a node (the loopback: no link rate) as across nodes; one the latency and the link
+    explain gives none."""
+    link = cluster_network(10, 1200.0, ranks_per_node=2)
+    net, ranks = (link.intra_node, 2) if inside else (link, 8)
+    seconds = replace(net, host_gbps=2.5).time("allreduce", 2**20, ranks)
+    assert hosts_rate(net, ranks, 2**20, seconds) == pytest.approx(2.5)
+    assert hosts_rate(net, ranks, 2**20, net.time("allreduce", 2**20, ranks)) is None
 
 
 def test_an_error_says_netbench_once():

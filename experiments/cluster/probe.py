@@ -8,8 +8,10 @@ against the model (`gracecomm.network`), without any training around them.
 
 ``sweep`` makes a cluster for every node count and bandwidth and runs ``rank`` on every
 node under torchrun; rank 0 writes ``{"world_size", "latency_s", "allreduce": {bytes:
-seconds}, "allgather": {bytes per rank: seconds}}``: medians over ``repeats`` calls after
-one untimed call, every call after a barrier; ``sweep`` also counts the bytes the links
+seconds}, "allgather": {bytes per rank: seconds}}`` (and, with ``--node-allreduce``,
+``"node_allreduce": {bytes: seconds}``: an allreduce inside each node's own group, every
+node at once, over its unshaped loopback): medians over ``repeats`` calls after one untimed
+call, every call after a barrier; ``sweep`` also counts the bytes the links
 carry for 20 allreduces of 1.08 MB (`EmulatedCluster.link_bytes`; ``wire_per_payload``:
 TCP/IP framing and acknowledgements, `gracecomm.network.TCP_OVER_ETHERNET`). The latency
 is the floor of one message of Gloo's ring: the median time of an allreduce whose N chunks
@@ -37,6 +39,8 @@ import torch
 import torch.distributed as dist
 
 from gracecomm.experiments.training.launch import run_rank
+from gracecomm.hierarchy import NodeLayout
+from gracecomm.metrics import Metrics
 
 LATENCY_ROUNDS = 100
 LATENCY_CHUNKS = (16, 64, 256, 1024)  # bytes per chunk of the latency probe's allreduces
@@ -57,8 +61,10 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def probe(allreduce: list[int], allgather: list[int], repeats: int) -> dict[str, Any]:
-    """The figures of the module docstring, on this rank's process group."""
+def probe(allreduce: list[int], allgather: list[int], repeats: int,
+          node_allreduce: list[int] = ()) -> dict[str, Any]:
+    """The figures of the module docstring, on this rank's process group; `node_allreduce`
+    sizes on the groups of the two-level exchange's nodes (`gracecomm.hierarchy.NodeLayout`)."""
     n = dist.get_world_size()
     probes = [torch.zeros(n * chunk // 4) for chunk in LATENCY_CHUNKS]
     latency = min(median_time(lambda x=x: dist.all_reduce(x), LATENCY_ROUNDS)
@@ -73,6 +79,13 @@ def probe(allreduce: list[int], allgather: list[int], repeats: int) -> dict[str,
         outs = [torch.empty_like(x) for _ in range(n)]
         out["allgather"][str(nbytes)] = median_time(
             lambda x=x, outs=outs: dist.all_gather(outs, x), repeats)
+    if node_allreduce:
+        group = NodeLayout(Metrics()).node_comm.group
+        out["node_allreduce"] = {}
+        for nbytes in node_allreduce:
+            x = torch.zeros(nbytes // 4)
+            out["node_allreduce"][str(nbytes)] = median_time(
+                lambda x=x: dist.all_reduce(x, group=group), repeats)
     return out
 
 
@@ -97,7 +110,7 @@ def _probe_rank(rank: int, world_size: int, args: argparse.Namespace) -> None:
         for _ in range(WIRE_CALLS):
             dist.all_reduce(x)
         return
-    result = probe(args.allreduce, args.allgather, args.repeats)
+    result = probe(args.allreduce, args.allgather, args.repeats, args.node_allreduce)
     if rank == 0:
         args.out.write_text(json.dumps(result))
 
@@ -148,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     rank.add_argument("--allreduce", type=int, nargs="*", default=[], metavar="BYTES")
     rank.add_argument("--allgather", type=int, nargs="*", default=[], metavar="BYTES",
                       help="bytes each rank contributes")
+    rank.add_argument("--node-allreduce", type=int, nargs="*", default=[], metavar="BYTES",
+                      help="allreduces inside each node (nodes of several ranks)")
     rank.add_argument("--repeats", type=int, default=10)
     rank.add_argument("--wire", action="store_true", help="only the allreduces of the "
                       "links' byte count")

@@ -28,7 +28,7 @@ from gracecomm.experiments.cluster.emulation import (
     Link,
     cluster_network,
 )
-from gracecomm.network import TCP_OVER_ETHERNET, Network
+from gracecomm.network import Network
 
 NAMESPACE_PREFIX = "gracecomm-netbench-"
 CALIBRATION_ROUNDS = 200
@@ -111,6 +111,16 @@ def _calibrate(rank: int, world_size: int, out: str) -> None:
         times.append(time.perf_counter() - start)
     if rank == 0:
         Path(out).write_text(json.dumps(statistics.median(times) / (2 * (world_size - 1))))
+
+
+def hosts_rate(net: Network, ranks: int, nbytes: int, seconds: float) -> float | None:
+    """`Network.host_gbps` from an allreduce of `nbytes` among `ranks` ranks that took
+    `seconds`: the payload bytes its hosts moved over the time that `net` (without a hosts'
+    rate) leaves unexplained; None where `net` explains it all."""
+    excess = seconds - replace(net, host_gbps=None).time("allreduce", nbytes, ranks)
+    _, factor = net.terms("allreduce", ranks)
+    # factor counts wire bytes; the hosts' rate is per payload byte
+    return 8 * factor / net.overhead * nbytes / excess / 1e9 if excess > 0 else None
 
 
 def in_namespace(namespace: str, args: Sequence[str], timeout_s: float) -> None:
@@ -196,22 +206,23 @@ class Cluster:
     def calibrate(self, out_dir: Path) -> Network:
         """The cluster's network: per-message latency from small allreduces
         (`gracecomm.experiments.cluster.probe`), which a message's transfer overlaps, and the
-        hosts' rate (`Network.host_gbps`) from the part of a 1 MiB allreduce's time that the link
-        and the latency leave unexplained (none where they explain it all)."""
+        hosts' rate (`Network.host_gbps`) from the part of a 1 MiB allreduce's time that the
+        latency and any link leave unexplained (none where they explain it all). With nodes of
+        several ranks that allreduce runs inside each node, on the unshaped loopback, where
+        only the hosts bound it; across nodes, a slow link explains nearly all of its time and
+        leaves too little to measure the rate by."""
         assert self.cluster is not None
         out = out_dir / "calibration.json"
+        inside = self.per_node > 1
         self.cluster.torchrun(["-m", "gracecomm.experiments.cluster.probe", "rank", str(out),
-                               "--allreduce", str(CALIBRATION_BYTES)],
-                              out_dir / "calibration", 600)
+                               "--node-allreduce" if inside else "--allreduce",
+                               str(CALIBRATION_BYTES)], out_dir / "calibration", 600)
         probe = json.loads(out.read_text())
         link = cluster_network(float(self.cfg.bandwidth_mbps), probe["latency_s"] * 1e6,
                                self.per_node)
-        excess = probe["allreduce"][str(CALIBRATION_BYTES)] - link.time(
-            "allreduce", CALIBRATION_BYTES, self.ranks)
-        _, factor = link.terms("allreduce", self.ranks)
-        # factor counts wire bytes; the hosts' rate is per payload byte
-        host = 8 * factor / TCP_OVER_ETHERNET * CALIBRATION_BYTES / excess / 1e9
-        return replace(link, host_gbps=host if excess > 0 else None)
+        net, ranks = (link.intra_node, self.per_node) if inside else (link, self.ranks)
+        measured = probe["node_allreduce" if inside else "allreduce"][str(CALIBRATION_BYTES)]
+        return replace(link, host_gbps=hosts_rate(net, ranks, CALIBRATION_BYTES, measured))
 
     def train(self, overrides: Sequence[str], run_dir: Path, timeout_s: float) -> int:
         assert self.cluster is not None
