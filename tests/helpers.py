@@ -1,20 +1,24 @@
-"""Shared test helpers: composing the Hydra configs, running functions on several ranks and
-comparing nested state dicts."""
+"""Shared test helpers: composing the Hydra configs, running functions on several ranks,
+walking the registry's combinations and comparing nested state dicts."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
+import gracecomm
 from gracecomm.experiments.training.config import compose_config as compose_train  # noqa: F401
 from gracecomm.experiments.training.launch import spawn
+from gracecomm.registry import COMMUNICATORS, COMPRESSORS, MEMORIES
+from gracecomm.validation import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -32,6 +36,33 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any,
     must live at module level in a test module; assertion errors inside it fail the test
     with the worker's traceback, and a hang fails it after `timeout_s`."""
     spawn(fn, world_size, *args, timeout_s=timeout_s, collective_timeout_s=min(60, timeout_s))
+
+
+def agreed_on_every_rank(out: torch.Tensor, what: object) -> None:
+    """Assert that `out` is finite and bit for bit the same on every rank of the default
+    group (`what` names the case in a failure)."""
+    every = [torch.empty_like(out) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, out)
+    assert torch.isfinite(out).all(), what
+    assert all(torch.equal(e, out) for e in every), what
+
+
+def buildable(combos: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    """The (compressor, memory, communicator) specs of `combos` that `gracecomm.build` takes
+    with its defaults (flat, every tensor compressed); the others are no combination to
+    vary."""
+    for combo in combos:
+        try:
+            gracecomm.build(*combo)
+        except ConfigError:  # IncompatibleError too
+            continue
+        yield combo
+
+
+def registered_combinations() -> list[tuple[str, str, str]]:
+    """Every registered compressor x memory x communicator, by name."""
+    return [(c, m, k) for c in COMPRESSORS.available() for m in MEMORIES.available()
+            for k in COMMUNICATORS.available()]
 
 
 def free_port() -> int:

@@ -10,15 +10,13 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import gracecomm
 from gracecomm import ConfigError, register_comm_hook
 from gracecomm.hierarchy import assign_owners, check_hierarchy
-from gracecomm.registry import COMMUNICATORS, COMPRESSORS, MEMORIES
-from tests.helpers import run_ranks, same
+from tests.helpers import agreed_on_every_rank, buildable, registered_combinations, run_ranks, same
 
 SHAPES = {"w1": (6, 5), "b1": (6,), "w2": (3, 6), "b2": (3,)}
 STEPS = 3
@@ -213,9 +211,7 @@ def _async(rank: int, world: int, spec: dict) -> None:
         results.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
         assert grace.metrics.get("node_coll_reduce_calls") > 0
     assert torch.equal(results[0], results[1])
-    every = [torch.empty_like(results[0]) for _ in range(world)]
-    dist.all_gather(every, results[0])
-    assert all(torch.equal(e, results[0]) for e in every)
+    agreed_on_every_rank(results[0], "async against sync")
 
 
 @pytest.mark.slow
@@ -231,15 +227,9 @@ def _walk(rank: int, world: int) -> None:
     naming ``hierarchy``, or it runs two steps whose means are finite and the same on every
     rank."""
     as_nodes(rank, 2)
-    combos = [(c, m, k) for c in COMPRESSORS.available() for m in MEMORIES.available()
-              for k in COMMUNICATORS.available()]
-    combos.append(("dgc", {"name": "dgc", "clip_norm": 1.0}, "allgather"))
+    combos = [*registered_combinations(), ("dgc", {"name": "dgc", "clip_norm": 1.0}, "allgather")]
     refused, worked = [], 0
-    for combo in combos:
-        try:
-            gracecomm.build(*combo)
-        except ConfigError:  # IncompatibleError too: not a combination that works flat
-            continue
+    for combo in buildable(combos):
         try:
             grace = gracecomm.build(*combo, hierarchy="node")
         except ConfigError as err:
@@ -248,11 +238,7 @@ def _walk(rank: int, world: int) -> None:
             continue
         means = [torch.cat([m.reshape(-1) for m in grace.step_many(grads(rank, step))])
                  for step in range(2)]
-        out = torch.cat(means)
-        every = [torch.empty_like(out) for _ in range(world)]
-        dist.all_gather(every, out)
-        assert torch.isfinite(out).all(), combo
-        assert all(torch.equal(e, out) for e in every), combo
+        agreed_on_every_rank(torch.cat(means), combo)
         worked += 1
     assert refused == [("dgc", {"name": "dgc", "clip_norm": 1.0}, "allgather")]
     assert worked > 100

@@ -29,7 +29,7 @@ from gracecomm.frameworks import (
     restore_state,
     save_state_file,
 )
-from tests.helpers import run_ranks, same
+from tests.helpers import free_port, run_ranks, same
 
 SCRIPTS = Path(__file__).resolve().parent / "frameworks"
 ROOT = SCRIPTS.parent.parent
@@ -48,6 +48,32 @@ def launch(script: str, out: Path, *scenarios: str, processes: int = 2,
     if proc.returncode != 0:  # pytest.fail shows the text whole; an assertion's repr is cut
         pytest.fail(f"{script} {' '.join(scenarios)} exited {proc.returncode}\n"
                     f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-6000:]}")
+
+
+def launch_nodes(script: str, out: Path, *scenarios: str, nodes: int = 2, per_node: int = 2,
+                 timeout: float = 300) -> None:
+    """Run tests/frameworks/`script` on `nodes` torchrun agents of `per_node` CPU processes
+    each, one per node as on separate machines (``--nnodes``, ``--node-rank``: the ranks'
+    ``GROUP_RANK`` tells their node), meeting at a store on 127.0.0.1."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
+         f"--node-rank={node}", f"--nproc-per-node={per_node}", "--master-addr=127.0.0.1",
+         f"--master-port={port}", f"--log-dir={out / f'torchelastic{node}'}",
+         str(SCRIPTS / script), str(out), *scenarios], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        for node in range(nodes)]
+    try:
+        outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    failed = [(node, proc.returncode) for node, proc in enumerate(procs) if proc.returncode]
+    if failed:
+        pytest.fail(f"{script} {' '.join(scenarios)} on {nodes} nodes: {failed} exited; node "
+                    f"{failed[0][0]} said:\n{outputs[failed[0][0]][-6000:]}")
 
 
 def result(out: Path, name: str, rank: int = 0) -> dict:
@@ -420,6 +446,38 @@ def test_hf_trainer_subclass(tmp_path):
         pytest.skip(cannot[:300])
     assert torch.equal(trained(tmp_path, "resume"), topk)
     assert not torch.equal(trained(tmp_path, "resume_without_state"), topk)
+
+
+# -- two levels: the same option in each framework ------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(("package", "script"), [
+    ("lightning", "lightning_run.py"), ("accelerate", "accelerate_run.py"),
+    ("transformers", "hf_run.py")])
+def test_two_level_exchange_on_two_nodes_of_two_ranks(tmp_path, package, script):
+    """``hierarchy="node"`` given to `GraceStrategy`, `register_comm_hook` or `GraceTrainer`
+    on 2 nodes of 2 ranks (a torchrun agent per node): the four ranks end equal and the loss
+    falls; each rank's compression state records the two-level layout; each rank compresses
+    only the tensors it owns, so that at every logged step a node's two ranks together send
+    one Top-10% payload of the model (536 bytes, as one rank sends flat)."""
+    pytest.importorskip(package)
+    launch_nodes(script, tmp_path, "topk_node")
+    runs = [result(tmp_path, "topk_node", rank) for rank in range(4)]
+    for rank, run in enumerate(runs):
+        assert run["error"] is None, run["error"]
+        assert torch.equal(run["params"], runs[0]["params"]), f"rank {rank} differs"
+        assert run["state"]["layout"] == {"hierarchy": "node", "nodes": 2,
+                                          "ranks_per_node": 2}
+        assert run["wire"] and all(0 < w < 536 for w in run["wire"]), run["wire"]
+    if "losses" in runs[0]:
+        assert falls(runs[0]["losses"])
+    else:  # the Trainer's logged losses
+        logs = [h for h in runs[0]["history"] if "loss" in h]
+        assert logs[-1]["loss"] < 0.6 * logs[0]["loss"]
+    for first, second in ((0, 1), (2, 3)):
+        sums = [a + b for a, b in zip(runs[first]["wire"], runs[second]["wire"], strict=True)]
+        assert sums == pytest.approx([536.0] * len(sums)), sums
 
 
 def test_grace_trainer_refuses_what_it_can_when_constructed(tmp_path):

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 import gracecomm
-from tests.helpers import run_ranks
+from tests.helpers import agreed_on_every_rank, run_ranks
 
 STEPS = 100
 SETTINGS = [  # (rank, start_iter, min_compression_rate, error feedback, warm start, batching)
@@ -59,9 +58,7 @@ def check_parity(rank: int, world_size: int) -> None:
     for setting in SETTINGS:
         ours, theirs = train(rank, setting, True), train(rank, setting, False)
         assert torch.equal(ours, theirs), (setting, float((ours - theirs).abs().max()))
-        gathered = [torch.empty_like(ours) for _ in range(world_size)]
-        dist.all_gather(gathered, ours)
-        assert torch.equal(gathered[0], gathered[1])
+        agreed_on_every_rank(ours, setting)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 import gracecomm
 import gracecomm.pipeline
 from gracecomm import ConfigError, register_comm_hook
-from gracecomm.registry import COMMUNICATORS, COMPRESSORS, MEMORIES
+from gracecomm.registry import COMPRESSORS
 from gracecomm.strategy import (
     COMPRESSED,
     DENSE,
@@ -31,7 +31,7 @@ from gracecomm.strategy import (
     TensorCost,
     choose,
 )
-from tests.helpers import run_ranks
+from tests.helpers import agreed_on_every_rank, buildable, registered_combinations, run_ranks
 from tests.test_hierarchy import as_nodes, grads
 
 SLOW_LINK = Model(latency_s=1e-3, bandwidth_bps=1.25e6, world=4, decompressions=5)  # 10 Mbit/s
@@ -173,10 +173,7 @@ def _agree(rank: int, world: int) -> None:
     dist.all_gather_object(decided, (grace.strategy.forms, grace.strategy.decision,
                                      grace.strategy.link))
     assert decided[0] == decided[1] and decided[0][0]
-    out = torch.cat([m.reshape(-1) for m in means])
-    every = [torch.empty_like(out) for _ in range(world)]
-    dist.all_gather(every, out)
-    assert torch.equal(every[0], every[1])
+    agreed_on_every_rank(torch.cat([m.reshape(-1) for m in means]), "the step's means")
 
 
 @pytest.mark.slow
@@ -218,15 +215,10 @@ def _walk(rank: int, world: int, hierarchy: str) -> None:
     rank, the forms then set to each of the three in turn (the probed link: 400 kbit/s)."""
     as_nodes(rank, 2)
     gracecomm.pipeline.probe = lambda *a: [2e-4, 5e4]
-    combos = ([(c, m, k) for c in COMPRESSORS.available() for m in MEMORIES.available()
-               for k in COMMUNICATORS.available()] if hierarchy == "flat" else
+    combos = (registered_combinations() if hierarchy == "flat" else
               [(c, None, None) for c in COMPRESSORS.available()])  # each makes node groups
     refused, worked, forms = set(), 0, set()
-    for combo in combos:
-        try:
-            gracecomm.build(*combo)
-        except ConfigError:  # IncompatibleError too: not a combination that works fixed
-            continue
+    for combo in buildable(combos):
         try:
             grace = gracecomm.build(*combo, hierarchy=hierarchy,
                                     strategy=Strategy(warmup_steps=2, min_saving=0.0))
@@ -241,11 +233,7 @@ def _walk(rank: int, world: int, hierarchy: str) -> None:
                 decided = grace.strategy.forms
                 forms.update(decided.values())
                 decided.update((n, FORMS[i % 3]) for i, n in enumerate(sorted(decided)))
-        out = torch.cat(means)
-        every = [torch.empty_like(out) for _ in range(world)]
-        dist.all_gather(every, out)
-        assert torch.isfinite(out).all(), combo
-        assert all(torch.equal(e, out) for e in every), combo
+        agreed_on_every_rank(torch.cat(means), combo)
         assert grace.strategy.decisions == 1, combo
         worked += 1
     assert refused == {"lgc_ps", "lgc_rar", "efsignsgd"}

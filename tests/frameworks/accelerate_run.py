@@ -1,10 +1,12 @@
-"""Accelerate scenarios for tests/test_integrations.py, on 2 CPU processes:
+"""Accelerate scenarios for tests/test_integrations.py, on 2 CPU processes (``topk_node``: on
+2 nodes of 2, one torchrun agent per node):
 
     torchrun --nproc_per_node=2 tests/frameworks/accelerate_run.py OUT NAME...
 
 A training loop as Accelerate's users write it (``Accelerator(cpu=True)``, ``prepare``,
 ``accelerator.backward``); every rank writes ``OUT/NAME.rank<r>.pt`` with the final
-parameters, the losses, the error raised (if any) and the logged figures.
+parameters, the losses, the error raised (if any), the logged figures and the compression
+state.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ def data() -> DataLoader:
 
 
 def train(out: Path, name: str, hook: str, epochs: tuple[int, int] = (0, 2),
-          save_after: int | None = None, load: Path | None = None) -> None:
+          save_after: int | None = None, load: Path | None = None,
+          hierarchy: str | None = None) -> None:
     """Epochs ``range(*epochs)`` of SGD; `hook` is a gracecomm compressor, ``torch_fp16``
-    (PyTorch's hook) or ``none`` (plain DDP)."""
+    (PyTorch's hook) or ``none`` (plain DDP); `hierarchy` as `register_comm_hook` takes it."""
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
@@ -48,7 +51,8 @@ def train(out: Path, name: str, hook: str, epochs: tuple[int, int] = (0, 2),
         elif hook != "none":
             spec = {"name": "topk", "ratio": 0.1} if hook == "topk" else hook
             grace = gracecomm.build(spec)
-            gracecomm.accelerate.register_comm_hook(accelerator, model, grace, optimizer)
+            gracecomm.accelerate.register_comm_hook(accelerator, model, grace, optimizer,
+                                                    hierarchy=hierarchy)
         if load is not None:
             accelerator.load_state(str(load))
         for epoch in range(*epochs):
@@ -66,6 +70,7 @@ def train(out: Path, name: str, hook: str, epochs: tuple[int, int] = (0, 2),
         error = f"{type(err).__name__}: {err}"
     torch.save({"params": nn.utils.parameters_to_vector(model.parameters()).detach(),
                 "initial": initial, "losses": losses, "error": error, "logged": logged,
+                "wire": [step["gracecomm/wire_bytes"] for step in logged],
                 "state": grace.state_dict() if grace is not None else None},
                out / f"{name}.rank{accelerator.process_index}.pt")
 
@@ -73,6 +78,8 @@ def train(out: Path, name: str, hook: str, epochs: tuple[int, int] = (0, 2),
 def run(out: Path, name: str) -> None:
     if name in ("topk", "none", "fp16", "torch_fp16"):
         train(out, name, name)
+    elif name == "topk_node":  # two levels on 2 nodes of 2 ranks
+        train(out, name, "topk", hierarchy="node")
     elif name == "resume":  # one epoch and save_state, then the second from load_state
         train(out, "half", "topk", epochs=(0, 1), save_after=1)
         train(out, name, "topk", epochs=(1, 2), load=out / "half_state")

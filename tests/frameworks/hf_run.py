@@ -1,10 +1,12 @@
-"""Hugging Face Trainer scenarios for tests/test_integrations.py, on 2 CPU processes:
+"""Hugging Face Trainer scenarios for tests/test_integrations.py, on 2 CPU processes
+(``topk_node``: on 2 nodes of 2, one torchrun agent per node):
 
     torchrun --nproc_per_node=2 tests/frameworks/hf_run.py OUT NAME...
 
 A tiny model trained by ``Trainer`` (plain) or ``GraceTrainer``; every rank writes
 ``OUT/NAME.rank<r>.pt`` with the final parameters, the training losses the Trainer logged,
-its log history and the error raised (if any).
+its log history, the error raised (if any), the payload bytes each logged window's steps
+sent on average and the compression state.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Examples(Dataset):
 
 
 def train(out: Path, name: str, grace, epochs: int = 2, resume: str | None = None,
-          momentum: float = 0.9) -> None:
+          momentum: float = 0.9, hierarchy: str | None = None) -> None:
     args = TrainingArguments(
         output_dir=str(out / f"{name}_out"), use_cpu=True, per_device_train_batch_size=16,
         num_train_epochs=epochs, learning_rate=0.1, lr_scheduler_type="constant",
@@ -61,7 +63,8 @@ def train(out: Path, name: str, grace, epochs: int = 2, resume: str | None = Non
                "optimizers": (optimizer, None)}
     trainer, error, cannot_resume = None, None, None
     try:  # GraceTrainer refuses what it can when constructed
-        trainer = Trainer(**options) if grace is None else GraceTrainer(**options, grace=grace)
+        trainer = (Trainer(**options) if grace is None
+                   else GraceTrainer(**options, grace=grace, hierarchy=hierarchy))
         trainer.train(resume_from_checkpoint=resume)
     except gracecomm.ConfigError as err:
         error = f"{type(err).__name__}: {err}"
@@ -69,9 +72,13 @@ def train(out: Path, name: str, grace, epochs: int = 2, resume: str | None = Non
         if resume is None or "restore data location" not in str(err):
             raise
         cannot_resume = error = f"the Trainer cannot resume on CPU processes here: {err}"
+    history = trainer.state.log_history if trainer is not None else []
     torch.save({"params": nn.utils.parameters_to_vector(model.parameters()).detach(),
-                "initial": initial, "error": error,
-                "history": trainer.state.log_history if trainer is not None else [],
+                "initial": initial, "error": error, "history": history,
+                "wire": [h["gracecomm/wire_bytes"] for h in history
+                         if "gracecomm/wire_bytes" in h],
+                "state": trainer.grace.state_dict() if isinstance(trainer, GraceTrainer)
+                else None,
                 "cannot_resume": cannot_resume},
                out / f"{name}.rank{args.process_index}.pt")
 
@@ -80,6 +87,8 @@ def run(out: Path, name: str) -> None:
     topk = {"name": "topk", "ratio": 0.1}
     if name == "topk":
         train(out, name, topk)
+    elif name == "topk_node":  # two levels on 2 nodes of 2 ranks
+        train(out, name, topk, hierarchy="node")
     elif name == "plain":
         train(out, name, None)
     elif name == "resume":  # the first epoch's checkpoint of "topk", then the second

@@ -1,10 +1,11 @@
-"""Lightning scenarios for tests/test_integrations.py, run on 2 CPU processes:
+"""Lightning scenarios for tests/test_integrations.py, run on 2 CPU processes (``topk_node``:
+on 2 nodes of 2, one torchrun agent per node):
 
     torchrun --nproc_per_node=2 tests/frameworks/lightning_run.py OUT NAME...
 
 Each scenario fits a small LightningModule (a client script as a user writes it) and every
 rank writes ``OUT/NAME.rank<r>.pt``: the final parameters, the training losses, the error
-the fit raised (if any) and the compression state.
+the fit raised (if any), the compression state and the payload bytes it sent at each step.
 """
 
 from __future__ import annotations
@@ -32,12 +33,18 @@ class Classifier(pl.LightningModule):
         self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
         self.momentum = momentum
         self.losses: list[float] = []
+        self.wire: list[float] = []  # this rank's logged payload bytes, step by step
 
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = nn.functional.cross_entropy(self.net(x), y)
         self.losses.append(float(loss))
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        wire = self.trainer.callback_metrics.get("gracecomm/wire_bytes")
+        if wire is not None:
+            self.wire.append(float(wire))
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=self.momentum)
@@ -75,7 +82,7 @@ def fit(out: Path, name: str, strategy, module: Classifier | None = None, epochs
     grace = getattr(strategy, "grace", None)
     torch.save({"params": nn.utils.parameters_to_vector(module.parameters()).detach(),
                 "initial": initial,
-                "losses": module.losses, "error": error,
+                "losses": module.losses, "error": error, "wire": module.wire,
                 "state": grace.state_dict() if grace is not None else None,
                 "check_finite": grace.check_finite if grace is not None else None},
                out / f"{name}.rank{trainer.global_rank}.pt")
@@ -83,14 +90,17 @@ def fit(out: Path, name: str, strategy, module: Classifier | None = None, epochs
     return module
 
 
-def topk() -> GraceStrategy:
-    return GraceStrategy({"name": "topk", "ratio": 0.1}, process_group_backend="gloo")
+def topk(**options) -> GraceStrategy:
+    return GraceStrategy({"name": "topk", "ratio": 0.1}, process_group_backend="gloo",
+                         **options)
 
 
 def run(out: Path, name: str) -> None:
     if name == "topk":  # the issue's target, with Lightning's CSV logger
         fit(out, name, topk(), logger=pl.loggers.CSVLogger(out, name="csv", version=0),
             log_every_n_steps=1)
+    elif name == "topk_node":  # two levels on 2 nodes of 2 ranks
+        fit(out, name, topk(hierarchy="node"), num_nodes=2)
     elif name == "plain":
         fit(out, name, DDPStrategy(process_group_backend="gloo"))
     elif name == "fp16":
