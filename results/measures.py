@@ -36,7 +36,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "netbench": NETBENCH, "netbench_lgc": NETBENCH,
     "cluster_step": NETBENCH, "cluster_pinning": NETBENCH, "cluster_model": NETBENCH,
     "cluster_tta": NETBENCH, "cluster_tta8": NETBENCH, "cluster_hierarchy": NETBENCH,
-    "cluster_hierarchy_1000mbit": NETBENCH,
+    "cluster_hierarchy_1000mbit": NETBENCH, "cluster_hierarchy_2n": NETBENCH,
     "cluster_hierarchy_tta": NETBENCH,
     "cluster_strategy": NETBENCH, "cluster_strategy_tta": NETBENCH,
     "cluster_strategy_tta_1000mbit": NETBENCH,
