@@ -78,8 +78,8 @@ def train(out: Path, name: str, hook: str, epochs: tuple[int, int] = (0, 2),
 def run(out: Path, name: str) -> None:
     if name in ("topk", "none", "fp16", "torch_fp16"):
         train(out, name, name)
-    elif name == "topk_node":  # two levels on 2 nodes of 2 ranks
-        train(out, name, "topk", hierarchy="node")
+    elif name == "topk_node":  # two levels on 2 nodes of 2 ranks: as many steps in 4 epochs
+        train(out, name, "topk", epochs=(0, 4), hierarchy="node")
     elif name == "resume":  # one epoch and save_state, then the second from load_state
         train(out, "half", "topk", epochs=(0, 1), save_after=1)
         train(out, name, "topk", epochs=(1, 2), load=out / "half_state")

@@ -87,8 +87,8 @@ def run(out: Path, name: str) -> None:
     topk = {"name": "topk", "ratio": 0.1}
     if name == "topk":
         train(out, name, topk)
-    elif name == "topk_node":  # two levels on 2 nodes of 2 ranks
-        train(out, name, topk, hierarchy="node")
+    elif name == "topk_node":  # two levels on 2 nodes of 2 ranks: as many steps in 4 epochs
+        train(out, name, topk, epochs=4, hierarchy="node")
     elif name == "plain":
         train(out, name, None)
     elif name == "resume":  # the first epoch's checkpoint of "topk", then the second

@@ -99,8 +99,8 @@ def run(out: Path, name: str) -> None:
     if name == "topk":  # the target, with Lightning's CSV logger
         fit(out, name, topk(), logger=pl.loggers.CSVLogger(out, name="csv", version=0),
             log_every_n_steps=1)
-    elif name == "topk_node":  # two levels on 2 nodes of 2 ranks
-        fit(out, name, topk(hierarchy="node"), num_nodes=2)
+    elif name == "topk_node":  # two levels on 2 nodes of 2 ranks: as many steps in 4 epochs
+        fit(out, name, topk(hierarchy="node"), epochs=4, num_nodes=2)
     elif name == "plain":
         fit(out, name, DDPStrategy(process_group_backend="gloo"))
     elif name == "fp16":
