@@ -13,7 +13,7 @@ import torch
 
 from gracecomm.buffers import dense_empty
 from gracecomm.compressor import Compressor, Payload, PayloadSpec, TensorInfo
-from gracecomm.compressors.shared.exceedance import count_infinite
+from gracecomm.compressors.shared.exceedance import may_hold_infinite
 from gracecomm.registry import COMPRESSORS
 from gracecomm.validation import expect_payload
 
@@ -32,7 +32,7 @@ def saturating_cast(flat: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tenso
     if not flat.numel() or torch.finfo(flat.dtype).max <= torch.finfo(dtype).max:
         return out, 0
     on_cpu = flat.device.type == "cpu"
-    if on_cpu and count_infinite(out) == 0:
+    if on_cpu and not may_hold_infinite(out):
         return out, 0
     # clamp in float32 or wider: the limit itself may not be representable in the input
     # dtype (65504 rounds to 65536 in bfloat16)

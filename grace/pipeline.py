@@ -452,7 +452,8 @@ class Grace(Stateful):
         decompressions = ((1 if comm.sums_payloads else world)
                           + (0 if self.memory.identity else 1))
         with self.metrics.timer("decide_s"):
-            link = probe(comm.group, device) if world > 1 else [0.0, math.inf]
+            link = (probe(comm.group, device, strategy.largest_bucket_nbytes()) if world > 1
+                    else [0.0, math.inf])
             if due == "recheck":
                 link = agree(link, comm.group, device) if world > 1 else link
                 if strategy.changed(link):

@@ -20,8 +20,9 @@ How the choice is made:
    with ``hierarchy="node"``):
 
    - the link: the best of five allreduces of 8 bytes gives the latency alpha, and
-     allreduces of 64 KiB, 256 KiB, ... (up to 16 MiB) until one takes 30 ms longer give
-     the bandwidth B, by the ring allreduce's time 2(N-1) alpha + 2(N-1)/N n/B
+     allreduces (best of two) of 64 KiB, 256 KiB, ... until one takes 30 ms longer, or
+     reaches the largest bucket's dense bytes (the sizes the choice prices; at most
+     16 MiB), give the bandwidth B, by the ring allreduce's time 2(N-1) alpha + 2(N-1)/N n/B
      (`gracecomm.network`), as the cluster calibration does;
    - compute, on the kept tensors: the method's compression and one decompression (best of
      two; the compression of each bucket's tensors apart scaled to that of the bucket at
@@ -301,6 +302,15 @@ class Strategy(Stateful):
             return "recheck"
         return None
 
+    def largest_bucket_nbytes(self) -> int:
+        """The dense bytes of the largest bucket to decide (kept) or decided (measured):
+        the sizes the choice prices, so the largest the link's probe need send."""
+        kept = [sum(self.kept[n].numel() * self.kept[n].element_size()
+                    for n in names if n in self.kept) for names, _ in self.buckets]
+        decided = [sum(int(self.costs[n][0] * self.costs[n][1]) for n in names
+                       if n in self.costs) for names, _ in self.recorded]
+        return max(kept + decided, default=0)
+
     def changed(self, link: Sequence[float]) -> bool:
         """Whether a probed link differs from the decided one by more than `margin`.
 
@@ -390,23 +400,25 @@ class Strategy(Stateful):
         return "\n".join(lines)
 
 
-def probe(group: Any, device: torch.device) -> list[float]:
+def probe(group: Any, device: torch.device, max_nbytes: int = PROBE_MAX_BYTES) -> list[float]:
     """This rank's measurement of the link of `group`: ``[latency_s, bandwidth_bps]`` by
-    blocking allreduces (module docstring, step 2); nothing is counted as payload."""
+    blocking allreduces (module docstring, step 2), the bandwidth's no larger than
+    `max_nbytes` (the largest bucket: the sizes the decision prices); nothing is counted as
+    payload."""
     world = dist.get_world_size(group)
 
     def seconds(nbytes: int, repeats: int) -> float:
         buf = torch.zeros(max(1, nbytes // 4), device=device)
-        dist.all_reduce(buf, group=group)  # connections and buffers set up
         return timed(lambda: dist.all_reduce(buf, group=group), device, repeats)[0]
 
+    dist.all_reduce(torch.zeros(1, device=device), group=group)  # connections set up
     small = seconds(8, PROBE_REPEATS)
-    nbytes = PROBE_START_BYTES
+    nbytes, last = PROBE_START_BYTES, max(PROBE_START_BYTES, min(max_nbytes, PROBE_MAX_BYTES))
     while True:
         large = seconds(nbytes, 2)
-        if large - small >= PROBE_ENOUGH_S or nbytes >= PROBE_MAX_BYTES:
+        if large - small >= PROBE_ENOUGH_S or nbytes >= last:
             break
-        nbytes *= 4
+        nbytes = min(4 * nbytes, last)
     latency = small / (2 * (world - 1))
     return [latency, 2 * (world - 1) / world * nbytes / max(large - small, 1e-9)]
 

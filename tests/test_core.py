@@ -173,11 +173,16 @@ def test_checkpoint_state_is_weights_only_loadable(tmp_path):
     assert torch.equal(g.step(t, "a"), h.step(t, "a"))
 
 
-def test_fp16_saturates_instead_of_overflowing():
+@pytest.mark.parametrize("numel", [3, 1 << 17])  # torch's min and max; numba's count
+def test_fp16_saturates_instead_of_overflowing(numel):
     g = gracecomm.build("fp16")
-    out = g.step(torch.tensor([1e6, -1e6, 1.0]), "w")
-    assert torch.isfinite(out).all() and out[0] == 65504 and out[1] == -65504
+    t = torch.ones(numel)
+    t[0], t[-1] = 1e6, -1e6
+    out = g.step(t, "w")
+    assert torch.isfinite(out).all() and out[0] == 65504 and out[-1] == -65504
     assert g.metrics.pop()["saturated"] == 2
+    g.step(t.clamp(-1, 1), "w")  # nothing to clamp: the count is not reported
+    assert "saturated" not in g.metrics.pop()
 
 
 @pytest.mark.parametrize("ratio", [0, -0.1, 1.5, float("nan"), "a", None, True])
