@@ -303,8 +303,12 @@ class Strategy(Stateful):
         return None
 
     def largest_bucket_nbytes(self) -> int:
-        """The dense bytes of the largest bucket to decide (kept) or decided (measured):
-        the sizes the choice prices, so the largest the link's probe need send."""
+        """The largest bucket's dense bytes, the largest size the link's probe need send.
+
+        Returns:
+            The bytes of the largest bucket to decide (its kept tensors) or decided (its
+            measured tensors): the sizes the choice prices; 0 with none.
+        """
         kept = [sum(self.kept[n].numel() * self.kept[n].element_size()
                     for n in names if n in self.kept) for names, _ in self.buckets]
         decided = [sum(int(self.costs[n][0] * self.costs[n][1]) for n in names
