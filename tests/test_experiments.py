@@ -221,3 +221,18 @@ def test_method_presets_build(method):
     if method in expected:
         parts = (type(grace.compressor).__name__, grace.communicator.registry_name)
         assert parts == expected[method]
+
+
+
+def test_digits_are_scikit_learns_without_importing_it():
+    """The digits file read directly gives `load_digits`'s images (scaled) and labels, in
+    the split's seeded order."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    order = torch.tensor(np.random.default_rng(3).permutation(len(raw.target)))
+    images, labels = datasets.digits(test_fraction=0.0, seed=3).train.tensors
+    assert torch.equal(images, torch.tensor(raw.images / 16.0, dtype=torch.float32)
+                       .unsqueeze(1)[order])
+    assert torch.equal(labels, torch.tensor(raw.target)[order])
