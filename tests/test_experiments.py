@@ -4,6 +4,7 @@ pairings fail before any worker starts."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -223,11 +224,9 @@ def test_method_presets_build(method):
         assert parts == expected[method]
 
 
-
 def test_digits_are_scikit_learns_without_importing_it():
     """The digits file read directly gives `load_digits`'s images (scaled) and labels, in
     the split's seeded order."""
-    import numpy as np
     from sklearn.datasets import load_digits
 
     raw = load_digits()
