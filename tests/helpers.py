@@ -3,6 +3,7 @@ walking the registry's combinations and comparing nested state dicts."""
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import sys
@@ -66,10 +67,19 @@ def registered_combinations() -> list[tuple[str, str, str]]:
 
 
 def free_port() -> int:
-    """A port free on 127.0.0.1 now, for launching ranks the way torchrun does."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free on 127.0.0.1 now, for launching ranks the way torchrun does, drawn below
+    the kernel's ephemeral range (``net.ipv4.ip_local_port_range``, 32768 and up by
+    default): a port the kernel handed out could be given again, to another process's
+    ``bind(0)`` or outgoing connection, before rank 0 listens on it (EADDRINUSE)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.Random().sample(range(low // 2, low), 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 between {low // 2} and {low}")
 
 
 def state_tensors(state: Any) -> list[torch.Tensor]:

@@ -148,7 +148,7 @@ def validate(cfg: DictConfig) -> None:
     optimizer_name(cfg)
     check_range(t.bucket_cap_mb, "trainer", "bucket_cap_mb", 0.0, low_open=True)
     pipeline = build_grace(cfg)
-    make_optimizer(cfg, nn.Linear(1, 1), pipeline)
+    optimizer_settings(cfg, pipeline)
     if exchange_mode(cfg) == "torch":
         check_torch_exchange(pipeline)
     if t.device == "cuda" and not torch.cuda.is_available():
@@ -286,23 +286,43 @@ def optimizer_name(cfg: DictConfig) -> str:
                         "optimizer")
 
 
-def make_optimizer(cfg: DictConfig, model: nn.Module,
-                   grace: Grace) -> tuple[torch.optim.Optimizer, float]:
-    """The optimizer, and the weight decay the exchange adds before compression. Where a
-    part of `grace` applies the momentum itself (`Need.OWNS_MOMENTUM`: DGC's memory,
-    Signum), SGD runs without momentum and the weight decay moves to the exchange; the
-    library refuses any other combination (`gracecomm.ddp.check_optimizer`)."""
+def optimizer_settings(cfg: DictConfig, grace: Grace
+                       ) -> tuple[type[torch.optim.Optimizer], dict[str, float], float]:
+    """The optimizer's class and options, and the weight decay the exchange adds before
+    compression. Where a part of `grace` applies the momentum itself
+    (`Need.OWNS_MOMENTUM`: DGC's memory, Signum), SGD runs without momentum and the weight
+    decay moves to the exchange; the library refuses any other combination
+    (`gracecomm.ddp.check_optimizer`). Checked without building an optimizer (a process's
+    first one imports ``torch._dynamo``, about a second of CPU).
+
+    Returns:
+        (class, keyword options besides the parameters, the exchange's weight decay).
+
+    Raises:
+        ConfigError: Adam with a part that applies the momentum itself.
+    """
     t = cfg.trainer
     if Need.OWNS_MOMENTUM in grace.needs:
         if optimizer_name(cfg) == "adam":
             raise ConfigError(f"trainer: option 'optimizer' is 'adam' but "
                               f"{grace.needed_by(Need.OWNS_MOMENTUM)} applies the momentum "
                               "itself; use trainer.optimizer=sgd")
-        return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=0.0), float(t.weight_decay)
+        return torch.optim.SGD, {"lr": t.lr, "momentum": 0.0}, float(t.weight_decay)
     if optimizer_name(cfg) == "adam":
-        return torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay), 0.0
-    return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
-                           weight_decay=t.weight_decay), 0.0
+        return torch.optim.Adam, {"lr": t.lr, "weight_decay": t.weight_decay}, 0.0
+    return (torch.optim.SGD, {"lr": t.lr, "momentum": t.momentum,
+                              "weight_decay": t.weight_decay}, 0.0)
+
+
+def make_optimizer(cfg: DictConfig, model: nn.Module,
+                   grace: Grace) -> tuple[torch.optim.Optimizer, float]:
+    """The optimizer of `model`'s parameters (`optimizer_settings`).
+
+    Returns:
+        (the optimizer, the weight decay the exchange adds before compression).
+    """
+    cls, options, decay = optimizer_settings(cfg, grace)
+    return cls(model.parameters(), **options), decay
 
 
 def checkpoint_dir_of(cfg: DictConfig, run_dir: str) -> str:
