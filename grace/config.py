@@ -627,9 +627,31 @@ def guard_composition(*, exit_on_refusal: bool = False) -> Iterator[None]:
     load_configuration.guarded = True  # type: ignore[attr-defined]
     ConfigLoaderImpl.load_configuration = load_configuration  # type: ignore[method-assign]
     try:
-        yield
+        with _store_shared_in_copies():
+            yield
     finally:
         ConfigLoaderImpl.load_configuration = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _store_shared_in_copies() -> Iterator[None]:
+    """While the block runs, a deep copy of Hydra's ConfigStore (where the registered parts'
+    groups are) is the store itself, the one instance Hydra reads (``ConfigStore.instance``).
+    Hydra deep-copies its config repository, store included, for every composition and for
+    every config group ``--help`` lists (about 120 here), to keep the sources it sets up
+    from the original; reading the store hands out copies of its nodes
+    (``ConfigStore.load``), so one store serves every copy. Copying it each time made
+    ``gracecomm-train --help`` take 3.7 s of CPU instead of 1.9 s."""
+    from hydra.core.config_store import ConfigStore
+
+    if "__deepcopy__" in vars(ConfigStore):  # a Hydra that decides its copies itself
+        yield
+        return
+    ConfigStore.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        del ConfigStore.__deepcopy__  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager

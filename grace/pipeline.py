@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from gracecomm.communicator import Communicator, Item
-from gracecomm.compressor import Compressor, Payload
+from gracecomm.compressor import Compressor, Payload, TensorInfo
 from gracecomm.config import instantiate
 from gracecomm.exchange import Exchange, Link, Rounds, Works, together
 from gracecomm.hierarchy import FLAT, NODE, NodeLayout, assign_owners, check_hierarchy
@@ -527,8 +527,8 @@ class Grace(Stateful):
                        ) -> Rounds:
         """``strategy="auto"``: each tensor sent in its form (`gracecomm.strategy`), the
         compressed ones by the method through `link` (and kept for the next decision while
-        undecided), the others by their codec's allreduce through `forms`' links, all
-        forms' rounds side by side."""
+        undecided), the others joined per form (`_rounds`) by their codec's allreduce
+        through `forms`' links, all forms' rounds side by side."""
         assert self.strategy is not None
         chosen = self.strategy.forms_of([name for name, _ in compensated])
         groups = {form: [i for i, f in enumerate(chosen) if f == form] for form in FORMS}
@@ -543,7 +543,7 @@ class Grace(Stateful):
                 rounds.append(self._method_rounds(
                     part, contiguous_runs([t for _, t in part]), link))
             else:
-                rounds.append(self._rounds(part, forms[form], *self._codecs[form]))
+                rounds.append(self._rounds(part, forms[form], *self._codecs[form], joined=True))
         results = yield from together(rounds)
         out: list[torch.Tensor] = [compensated[0][1]] * len(compensated)
         for idx, means in zip((idx for idx in groups.values() if idx), results):
@@ -694,31 +694,53 @@ class Grace(Stateful):
             self.strategy.end_step()
 
     def _rounds(self, compensated: Named, link: Link, compressor: Compressor | None = None,
-                communicator: Communicator | None = None) -> Rounds:
+                communicator: Communicator | None = None, joined: bool = False) -> Rounds:
         """Compression (with any rounds of its own), memory update and the communicator's
         exchange of one call, as one generator of rounds (`gracecomm.exchange`); by the
         pipeline's compressor and communicator, or by others (``strategy="auto"``'s fp16
-        and dense forms)."""
+        and dense forms). `joined`: the tensors (of one dtype) are compressed and exchanged
+        as one, as `_run_rounds` does, for a codec whose payload is one element per element
+        (the fp16 and dense forms), so that the payload of the joined tensor is theirs back
+        to back; the memory is updated tensor by tensor with its share of that payload."""
         if not compensated:
             return []
         compressor = self.compressor if compressor is None else compressor
         communicator = self.communicator if communicator is None else communicator
         metrics = self.metrics
-        compressed = yield from self._timed(compressor.compress_rounds(compensated, link),
-                                            "compress_s")
-        items: list[Item] = []
-        with metrics.timer("memory_s"):
-            for (name, tensor), (payload, ctx) in zip(compensated, compressed):
-                self._update_memory(tensor, name, payload, ctx, compressor)
-                items.append((payload, ctx, name))
+        tensors = [t for _, t in compensated]
+        joined = joined and len(tensors) > 1 and len({t.dtype for t in tensors}) == 1
+        ctxs: list[Any] = []
+        if joined:  # named after every tensor: each set of tensors has its own payload layout
+            sizes = [t.numel() for t in tensors]
+            joint = [("+".join(name for name, _ in compensated),
+                      torch.cat([t.reshape(-1) for t in tensors]))]
+            compressed = yield from self._timed(compressor.compress_rounds(joint, link),
+                                                "compress_s")
+            ((payload, ctx),) = compressed
+            items: list[Item] = [(payload, ctx, joint[0][0])]
+            with metrics.timer("memory_s"):
+                for (name, tensor), share in zip(compensated, payload[0].split(sizes)):
+                    ctxs.append(TensorInfo.of(tensor))
+                    self._update_memory(tensor, name, (share,), ctxs[-1], compressor)
+        else:
+            compressed = yield from self._timed(compressor.compress_rounds(compensated, link),
+                                                "compress_s")
+            items = []
+            with metrics.timer("memory_s"):
+                for (name, tensor), (payload, ctx) in zip(compensated, compressed):
+                    self._update_memory(tensor, name, payload, ctx, compressor)
+                    items.append((payload, ctx, name))
+                    ctxs.append(ctx)
         means = yield from communicator.exchange(items, link)
         if link.any_nonfinite:
             self._nonfinite_step = True
-            return [torch.full_like(t, math.nan) for _, t in compensated]
+            return [torch.full_like(t, math.nan) for t in tensors]
+        if joined:
+            means = [part.view_as(t) for part, t in zip(means[0].reshape(-1).split(sizes),
+                                                        tensors)]
         if self.memory.wants_mean:
             with metrics.timer("memory_s"):
-                self.memory.update_mean_many(compensated, compressor,
-                                             [ctx for _, ctx, _ in items], means)
+                self.memory.update_mean_many(compensated, compressor, ctxs, means)
         return means
 
     def _run_rounds(self, compensated: Named, runs: Sequence[range], link: Link) -> Rounds:

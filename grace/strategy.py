@@ -28,7 +28,8 @@ How the choice is made:
      two; the compression of each bucket's tensors apart scaled to that of the bucket at
      once, as a method such as PowerSGD batches them; the compressor's state is restored
      afterwards, so the run goes on as if it had not been timed), the bytes of its payload,
-     and the fp16 cast and back;
+     and the fp16 cast and back (of each bucket's tensors joined, as the fp16 form sends
+     them, scaled the same way);
    - agreement: the numbers are averaged over the group and rank 0's average broadcast, so
      every rank decides from the same numbers and the decision is the same on every rank.
 3. **The choice**, per call (bucket): with `gracecomm.network.Network` at the probed
@@ -467,7 +468,8 @@ def measure_costs(kept: dict[str, torch.Tensor], buckets: Sequence[Sequence[str]
     `compress` compresses a call's tensors at once, returning (payload, ctx) for each, and
     `fp16` round-trips a tensor. A method that compresses a call's tensors together (PowerSGD
     batches them by shape) costs less than the sum of its calls tensor by tensor: each
-    tensor's compression time is scaled so that a bucket's add up to the bucket's own."""
+    tensor's compression time is scaled so that a bucket's add up to the bucket's own. The
+    fp16 form sends a bucket's tensors joined, so their casts are scaled the same way."""
     out = {}
     for name, t in kept.items():
         compress_s, ((payload, ctx),) = timed(lambda n=name, x=t: compress([(n, x)]), t.device)
@@ -477,10 +479,23 @@ def measure_costs(kept: dict[str, torch.Tensor], buckets: Sequence[Sequence[str]
                      decompress_s, fp16_s]
     for names in buckets:
         named = [(name, kept[name]) for name in names if name in kept]
-        alone = sum(out[name][3] for name, _ in named)
-        if len(named) > 1 and alone > 0:
-            together, _ = timed(lambda n=named: compress(n), named[0][1].device)
-            for name, _ in named:
-                out[name][3] *= together / alone
+        if len(named) < 2:
+            continue
+        device = named[0][1].device
+        _scale_to(out, named, 3, timed(lambda n=named: compress(n), device)[0])
+        if len({t.dtype for _, t in named}) == 1:  # joined in fp16 (`Grace._rounds`)
+            _scale_to(out, named, 5, timed(lambda n=named: fp16(
+                "+".join(name for name, _ in n), torch.cat([t.reshape(-1) for _, t in n])),
+                device)[0])
     return out
 
+
+
+def _scale_to(out: dict[str, list[float]], named: Sequence[tuple[str, torch.Tensor]],
+              column: int, together: float) -> None:
+    """Scale the `column` of `named`'s measurements in `out` so that they add up to
+    `together`, the time of the tensors at once."""
+    alone = sum(out[name][column] for name, _ in named)
+    if alone > 0:
+        for name, _ in named:
+            out[name][column] *= together / alone

@@ -5,6 +5,7 @@ check_part_options, the ``hydra.help`` section of each config in configs/)."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -134,6 +135,19 @@ def test_a_misspelt_command_line_ends_in_one_line(tmp_path, name, args, words):
     for word in [*words, "Did you mean" if "abc" not in args[0] else "must be"]:
         assert word in lines[0], lines[0]
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.jsonl"))
+
+
+def test_compositions_share_the_config_store_and_leave_hydra_as_it_was():
+    """Hydra deep-copies its config repository for every composition and for every group
+    ``--help`` lists; inside the guard the (registered parts') ConfigStore is shared by the
+    copies instead of copied (``--help`` 3.7 s of CPU against 1.9 s), and nothing of it is
+    left outside."""
+    from hydra.core.config_store import ConfigStore
+    store = ConfigStore.instance()
+    with guard_composition():
+        assert copy.deepcopy({"repo": store})["repo"] is store
+        assert compose("train", "compressor=dgc").compressor.ratio == 0.01
+    assert copy.deepcopy(store) is not store and "__deepcopy__" not in vars(ConfigStore)
 
 
 @pytest.mark.slow

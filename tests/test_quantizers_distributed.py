@@ -110,14 +110,16 @@ def test_quantizers_on_two_ranks():
     run_ranks(check_quantizers, 2)
 
 
-TRAINED = ["natural", "natural_dithering", "standard_dithering", "qsgd", "terngrad", "signsgd",
-           "signum", "efsignsgd", "onebit", "powersgd", "compose"]
+# natural, qsgd, efsignsgd and powersgd train on two ranks through the trainer's worker in
+# tests/test_reliability.py::test_resume_is_bit_identical (30 steps, resumed bit for bit)
+TRAINED = ["natural_dithering", "standard_dithering", "terngrad", "signsgd", "signum", "onebit",
+           "compose"]
 
 
 @pytest.mark.slow
 def test_two_rank_training_with_each_method(tmp_path):
-    """Every registered name through the real entry point, in one Hydra multirun (one parent
-    process; every job spawns two workers)."""
+    """Every registered quantizer not trained elsewhere through the real entry point, in one
+    Hydra multirun (one parent process; every job spawns two workers)."""
     proc = train(tmp_path, f"compressor={','.join(TRAINED)}", "trainer.max_steps=3",
                  multirun=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

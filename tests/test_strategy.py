@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 import gracecomm
 import gracecomm.pipeline
 from gracecomm import ConfigError, register_comm_hook
+from gracecomm.compressors.cast import Cast
 from gracecomm.registry import COMPRESSORS
 from gracecomm.strategy import (
     COMPRESSED,
@@ -127,21 +128,29 @@ def test_the_probe_sends_no_more_than_the_largest_bucket(monkeypatch):
     assert max(sent) == 65536
 
 
-def test_error_feedback_follows_a_change_of_form():
+def test_error_feedback_follows_a_change_of_form(monkeypatch):
     """A tensor sent dense carries its residual once and leaves none; sent in fp16 it leaves
-    the cast's error."""
+    the cast's error. Two tensors of one form go as one (joined), each keeping its own."""
     grace = gracecomm.build({"name": "topk", "ratio": 0.25}, strategy=Strategy(warmup_steps=5))
     g1, g2 = torch.arange(8.0) - 3.5, torch.linspace(-1, 1, 8)
-    grace.step_many([("w", g1), ("v", g1)])
-    residual = grace.memory.residuals["w"].clone()
-    assert residual.abs().sum() > 0
-    grace.strategy.forms.update(w=DENSE, v=FP16)
-    w, v = grace.step_many([("w", g2), ("v", g2)])
-    assert torch.equal(w, g2 + residual)
-    assert torch.equal(v, (g2 + residual).half().float())
-    assert not grace.memory.residuals["w"].any()
-    torch.testing.assert_close(grace.memory.residuals["v"],
-                               (g2 + residual) - (g2 + residual).half().float())
+    names = ("w", "u", "v", "x")  # w and u go dense, v and x in fp16
+    grace.step_many([(name, g1 * (i + 1)) for i, name in enumerate(names)])
+    residuals = {name: grace.memory.residuals[name].clone() for name in names}
+    assert all(r.abs().sum() > 0 for r in residuals.values())
+    grace.strategy.forms.update(w=DENSE, u=DENSE, v=FP16, x=FP16)
+    cast = []  # the elements of each fp16 compression
+    compress = Cast.compress
+    monkeypatch.setattr(Cast, "compress", lambda self, t, name: (cast.append(t.numel()),
+                                                                 compress(self, t, name))[1])
+    means = grace.step_many([(name, g2 * (i + 1)) for i, name in enumerate(names)])
+    for i, (name, mean) in enumerate(zip(names, means)):
+        sent = g2 * (i + 1) + residuals[name]
+        if name in "wu":
+            assert torch.equal(mean, sent) and not grace.memory.residuals[name].any()
+        else:
+            assert torch.equal(mean, sent.half().float())
+            torch.testing.assert_close(grace.memory.residuals[name], sent - sent.half().float())
+    assert cast == [16]
 
 
 def test_state_round_trip_keeps_the_decision():
