@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from gracecomm import registry
 from gracecomm.configstore import register_configs
 from gracecomm.experiments import presets
-from gracecomm.experiments.training.config import build_grace, validate
+from gracecomm.experiments.training.config import validate
 from tests.helpers import CONFIG_DIR, compose_train
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
@@ -67,11 +67,12 @@ def test_sweep_names_registered_compressors_and_existing_presets(experiment):
 @pytest.mark.slow  # composes and builds every job: seconds per sweep
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_job_of_the_sweep_composes_and_builds(experiment):
-    for overrides in jobs(experiment):
+    """Every job, each seed of a sweep over seeds once (a seed changes no other option)."""
+    seeds = values(experiment, "seed")[:1] if "seed" in sweep_params(experiment) else []
+    for overrides in jobs(experiment, *(f"seed={seed}" for seed in seeds)):
         cfg = compose_train(*overrides)
-        validate(cfg)  # what gracecomm.experiments.training checks before any worker starts
-        pipeline = build_grace(cfg)
-        assert pipeline.compressor is not None, overrides
+        validate(cfg)  # what gracecomm.experiments.training checks before any worker starts:
+        # its pipeline built, the model against the data, the logger, the networks
 
 
 def sweep_compressors(experiment: str, *arguments: str) -> dict[str, DictConfig]:
