@@ -51,6 +51,7 @@ from gracecomm.validation import (
     nonfinite_among,
 )
 from gracecomm.wire import contiguous_runs, flat_run
+from gracecomm.wire import joined as joined_tensor
 
 MODEL_ITEM = "model"  # the name of the joint item of a model-level compressor
 
@@ -708,39 +709,32 @@ class Grace(Stateful):
         communicator = self.communicator if communicator is None else communicator
         metrics = self.metrics
         tensors = [t for _, t in compensated]
-        joined = joined and len(tensors) > 1 and len({t.dtype for t in tensors}) == 1
-        ctxs: list[Any] = []
-        if joined:  # named after every tensor: each set of tensors has its own payload layout
+        joint = joined_tensor(compensated) if joined else None
+        compressed = yield from self._timed(
+            compressor.compress_rounds([joint] if joint else compensated, link), "compress_s")
+        if joint:  # each tensor's share of the joint payload is its payload
             sizes = [t.numel() for t in tensors]
-            joint = [("+".join(name for name, _ in compensated),
-                      torch.cat([t.reshape(-1) for t in tensors]))]
-            compressed = yield from self._timed(compressor.compress_rounds(joint, link),
-                                                "compress_s")
             ((payload, ctx),) = compressed
-            items: list[Item] = [(payload, ctx, joint[0][0])]
-            with metrics.timer("memory_s"):
-                for (name, tensor), share in zip(compensated, payload[0].split(sizes)):
-                    ctxs.append(TensorInfo.of(tensor))
-                    self._update_memory(tensor, name, (share,), ctxs[-1], compressor)
+            items: list[Item] = [(payload, ctx, joint[0])]
+            compressed = [((share,), TensorInfo.of(t))
+                          for share, t in zip(payload[0].split(sizes), tensors)]
         else:
-            compressed = yield from self._timed(compressor.compress_rounds(compensated, link),
-                                                "compress_s")
-            items = []
-            with metrics.timer("memory_s"):
-                for (name, tensor), (payload, ctx) in zip(compensated, compressed):
-                    self._update_memory(tensor, name, payload, ctx, compressor)
-                    items.append((payload, ctx, name))
-                    ctxs.append(ctx)
+            items = [(payload, ctx, name)
+                     for (name, _), (payload, ctx) in zip(compensated, compressed)]
+        with metrics.timer("memory_s"):
+            for (name, tensor), (payload, ctx) in zip(compensated, compressed):
+                self._update_memory(tensor, name, payload, ctx, compressor)
         means = yield from communicator.exchange(items, link)
         if link.any_nonfinite:
             self._nonfinite_step = True
             return [torch.full_like(t, math.nan) for t in tensors]
-        if joined:
+        if joint:
             means = [part.view_as(t) for part, t in zip(means[0].reshape(-1).split(sizes),
                                                         tensors)]
         if self.memory.wants_mean:
             with metrics.timer("memory_s"):
-                self.memory.update_mean_many(compensated, compressor, ctxs, means)
+                self.memory.update_mean_many(compensated, compressor,
+                                             [ctx for _, ctx in compressed], means)
         return means
 
     def _run_rounds(self, compensated: Named, runs: Sequence[range], link: Link) -> Rounds:

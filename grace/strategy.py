@@ -81,7 +81,7 @@ from gracecomm.exchange import Link
 from gracecomm.network import Network
 from gracecomm.state import Stateful
 from gracecomm.validation import check_choice, check_range
-from gracecomm.wire import payload_nbytes
+from gracecomm.wire import joined, payload_nbytes
 
 STRATEGIES = ("fixed", "auto")  # the values of the ``strategy`` option
 FIXED, AUTO = STRATEGIES
@@ -483,10 +483,8 @@ def measure_costs(kept: dict[str, torch.Tensor], buckets: Sequence[Sequence[str]
             continue
         device = named[0][1].device
         _scale_to(out, named, 3, timed(lambda n=named: compress(n), device)[0])
-        if len({t.dtype for _, t in named}) == 1:  # joined in fp16 (`Grace._rounds`)
-            _scale_to(out, named, 5, timed(lambda n=named: fp16(
-                "+".join(name for name, _ in n), torch.cat([t.reshape(-1) for _, t in n])),
-                device)[0])
+        if joined(named) is not None:  # the fp16 form sends them joined (`Grace._rounds`)
+            _scale_to(out, named, 5, timed(lambda n=named: fp16(*joined(n)), device)[0])
     return out
 
 

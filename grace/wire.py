@@ -352,3 +352,12 @@ def flat_run(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     if len(tensors) == 1:
         return first
     return first.as_strided((sum(t.numel() for t in tensors),), (1,))
+
+
+def joined(named: Sequence[tuple[str, torch.Tensor]]) -> tuple[str, torch.Tensor] | None:
+    """`named`'s tensors copied back to back into one flat tensor, named after all of them
+    (each set of tensors its own name, so its own payload layout), as ``strategy="auto"``
+    sends its fp16 and dense forms; None for fewer than two tensors or several dtypes."""
+    if len(named) < 2 or len({t.dtype for _, t in named}) > 1:
+        return None
+    return "+".join(name for name, _ in named), torch.cat([t.reshape(-1) for _, t in named])
