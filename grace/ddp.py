@@ -285,8 +285,9 @@ class GradientExchange:
                 self._exchange_whole_step()
             return future
         buffer = bucket.buffer()
-        if (self.grace.joins_runs and self.scale == 1.0 and not self.weight_decay
-                and len(grads) > 1 and buffer.numel() == sum(g.numel() for g in grads)):
+        if (len(grads) > 1 and self.scale == 1.0 and not self.weight_decay
+                and buffer.numel() == sum(g.numel() for g in grads)
+                and self.grace.sends_whole(names)):
             # the bucket, its gradients back to back, as one tensor: the same result
             exchange = self._start_joined(buffer, named)
             grads = [buffer]

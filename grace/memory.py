@@ -97,6 +97,35 @@ class Memory(Part, ABC, kind="memory"):
             ctx: Its ctx.
         """
 
+    def keeps_nothing_for(self, names: Sequence[str]) -> bool:
+        """Whether `compensate` returns these tensors as they are: nothing kept for them and
+        no scaling (then a bucket they fill may go whole, `Grace.sends_whole`).
+
+        Args:
+            names: The tensors' names.
+
+        Returns:
+            `identity` by default; a memory of residuals answers for its own.
+        """
+        return self.identity
+
+    def update_sent_whole(self, named: Sequence[tuple[str, torch.Tensor]],
+                          dense: Compressor) -> None:
+        """Record tensors sent whole, in fp16 or dense (``strategy="auto"``'s other forms,
+        `gracecomm.strategy`): nothing of them is left to feed back. The fp16 cast's
+        rounding (relative error at most 2**-11) is dropped, as the fp16 method drops it
+        with its default memory ``none``. By default `update` of each with `dense`'s
+        payload; a memory that keeps only residuals forgets theirs.
+
+        Args:
+            named: The (name, tensor) pairs `compensate_many` returned.
+            dense: The dense codec (compressor ``none``).
+        """
+        if self.identity:
+            return
+        for name, tensor in named:
+            self.update(tensor, name, dense, *dense.compress(tensor, name))
+
     def update_mean(self, tensor: torch.Tensor, name: str, compressor: Compressor, ctx: Any,
                     mean: torch.Tensor) -> None:
         """After the exchange, for memories with ``wants_mean``.

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from gracecomm.communicator import Communicator, Item
-from gracecomm.compressor import Compressor, Payload, TensorInfo
+from gracecomm.communicator import Communicator
+from gracecomm.compressor import Compressor, Payload
 from gracecomm.config import instantiate
 from gracecomm.exchange import Exchange, Link, Rounds, Works, together
 from gracecomm.hierarchy import FLAT, NODE, NodeLayout, assign_owners, check_hierarchy
@@ -31,6 +31,7 @@ from gracecomm.strategy import (
 from gracecomm.strategy import (
     CODECS,
     COMPRESSED,
+    DENSE,
     FIXED,
     FORMS,
     FP16,
@@ -544,7 +545,7 @@ class Grace(Stateful):
                 rounds.append(self._method_rounds(
                     part, contiguous_runs([t for _, t in part]), link))
             else:
-                rounds.append(self._rounds(part, forms[form], *self._codecs[form], joined=True))
+                rounds.append(self._whole_rounds(part, forms[form], form))
         results = yield from together(rounds)
         out: list[torch.Tensor] = [compensated[0][1]] * len(compensated)
         for idx, means in zip((idx for idx in groups.values() if idx), results):
@@ -637,8 +638,7 @@ class Grace(Stateful):
             works.append(node.all_reduce(status))
         yield works
         if int(status):
-            self._nonfinite_step = True
-            return join([torch.full_like(t, math.nan) for _, t in grads])
+            return join(self._nonfinite(grads))
         out: dict[int, torch.Tensor] = {}
         for key, idx in shards.items():
             parts = buffers[key].split([grads[i][1].numel() for i in idx])
@@ -652,6 +652,28 @@ class Grace(Stateful):
         then be passed whole, with the same result."""
         caps = self.compressor.capabilities()
         return not caps.model_level and self.memory.identity and caps.elementwise
+
+    def sends_whole(self, names: Sequence[str]) -> bool:
+        """Whether a call of these tensors, lying back to back in memory (a DDP bucket's
+        gradients), may go as one tensor named after the first with the same result: where
+        `joins_runs`, or where ``strategy="auto"`` sends them all whole in one form (fp16 or
+        dense, joined as `_whole_rounds` joins them) and the memory keeps nothing for them
+        (`Memory.keeps_nothing_for`), on the flat exchange (on two levels each tensor has
+        its owner).
+
+        Args:
+            names: The tensors' names, in order.
+
+        Returns:
+            True if the call may go as one tensor.
+        """
+        if self.joins_runs:
+            return True
+        if self.strategy is None or self.node_layout() is not None:
+            return False
+        forms = set(self.strategy.forms_of(names))
+        return (len(forms) == 1 and COMPRESSED not in forms
+                and self.memory.keeps_nothing_for(names))
 
     def _finite(self, grads: Named, compensated: Named, runs: Sequence[range]) -> bool:
         """Whether every tensor to compress is finite (one read each, one call for each of
@@ -694,48 +716,58 @@ class Grace(Stateful):
         if self.strategy is not None:
             self.strategy.end_step()
 
-    def _rounds(self, compensated: Named, link: Link, compressor: Compressor | None = None,
-                communicator: Communicator | None = None, joined: bool = False) -> Rounds:
+    def _rounds(self, compensated: Named, link: Link) -> Rounds:
         """Compression (with any rounds of its own), memory update and the communicator's
-        exchange of one call, as one generator of rounds (`gracecomm.exchange`); by the
-        pipeline's compressor and communicator, or by others (``strategy="auto"``'s fp16
-        and dense forms). `joined`: the tensors (of one dtype) are compressed and exchanged
-        as one, as `_run_rounds` does, for a codec whose payload is one element per element
-        (the fp16 and dense forms), so that the payload of the joined tensor is theirs back
-        to back; the memory is updated tensor by tensor with its share of that payload."""
+        exchange of one call, as one generator of rounds (`gracecomm.exchange`)."""
         if not compensated:
             return []
-        compressor = self.compressor if compressor is None else compressor
-        communicator = self.communicator if communicator is None else communicator
         metrics = self.metrics
-        tensors = [t for _, t in compensated]
-        joint = joined_tensor(compensated) if joined else None
         compressed = yield from self._timed(
-            compressor.compress_rounds([joint] if joint else compensated, link), "compress_s")
-        if joint:  # each tensor's share of the joint payload is its payload
-            sizes = [t.numel() for t in tensors]
-            ((payload, ctx),) = compressed
-            items: list[Item] = [(payload, ctx, joint[0])]
-            compressed = [((share,), TensorInfo.of(t))
-                          for share, t in zip(payload[0].split(sizes), tensors)]
-        else:
-            items = [(payload, ctx, name)
-                     for (name, _), (payload, ctx) in zip(compensated, compressed)]
+            self.compressor.compress_rounds(compensated, link), "compress_s")
         with metrics.timer("memory_s"):
             for (name, tensor), (payload, ctx) in zip(compensated, compressed):
-                self._update_memory(tensor, name, payload, ctx, compressor)
-        means = yield from communicator.exchange(items, link)
+                self._update_memory(tensor, name, payload, ctx)
+        means = yield from self.communicator.exchange(
+            [(payload, ctx, name) for (name, _), (payload, ctx) in zip(compensated, compressed)],
+            link)
         if link.any_nonfinite:
-            self._nonfinite_step = True
-            return [torch.full_like(t, math.nan) for t in tensors]
-        if joint:
-            means = [part.view_as(t) for part, t in zip(means[0].reshape(-1).split(sizes),
-                                                        tensors)]
+            return self._nonfinite(compensated)
         if self.memory.wants_mean:
             with metrics.timer("memory_s"):
-                self.memory.update_mean_many(compensated, compressor,
+                self.memory.update_mean_many(compensated, self.compressor,
                                              [ctx for _, ctx in compressed], means)
         return means
+
+    def _whole_rounds(self, compensated: Named, link: Link, form: str) -> Rounds:
+        """``strategy="auto"``'s fp16 and dense forms: the tensors sent whole by the form's
+        codec on its own allreduce, joined into one tensor where they are several of one
+        dtype (`gracecomm.wire.joined`: one cast and one allreduce for a bucket, as
+        `_run_rounds` does; the codecs send one element per element, so each tensor's mean
+        is its share of the joint one); nothing of them is left to feed back
+        (`Memory.update_sent_whole`)."""
+        if not compensated:
+            return []
+        codec, communicator = self._codecs[form]
+        joint = joined_tensor(compensated)
+        items = [joint] if joint else compensated
+        compressed = yield from self._timed(codec.compress_rounds(items, link), "compress_s")
+        with self.metrics.timer("memory_s"):
+            self.memory.update_sent_whole(compensated, self._codecs[DENSE][0])
+        means = yield from communicator.exchange(
+            [(payload, ctx, name) for (name, _), (payload, ctx) in zip(items, compressed)], link)
+        if link.any_nonfinite:
+            return self._nonfinite(compensated)
+        if not joint:
+            return means
+        tensors = [t for _, t in compensated]
+        return [part.view_as(t) for part, t in
+                zip(means[0].reshape(-1).split([t.numel() for t in tensors]), tensors)]
+
+    def _nonfinite(self, compensated: Named) -> list[torch.Tensor]:
+        """An exchange that carried a non-finite gradient on some rank (without
+        `check_finite`): the step's state is restored at `end_step`, and its means are NaN."""
+        self._nonfinite_step = True
+        return [torch.full_like(t, math.nan) for _, t in compensated]
 
     def _run_rounds(self, compensated: Named, runs: Sequence[range], link: Link) -> Rounds:
         """`_rounds` for an elementwise compressor with a memory that keeps nothing
@@ -754,14 +786,12 @@ class Grace(Stateful):
                 for i, part in zip(run, split)]
 
     def _update_memory(self, tensor: torch.Tensor, name: str, payload: Payload,
-                       ctx: Any, compressor: Compressor | None = None) -> None:
-        """`Memory.update` with this rank's own payload (of the pipeline's compressor, or
-        `compressor`); a malformed one names the rank."""
-        compressor = self.compressor if compressor is None else compressor
+                       ctx: Any) -> None:
+        """`Memory.update` with this rank's own payload; a malformed one names the rank."""
         try:
-            self.memory.update(tensor, name, compressor, payload, ctx)
+            self.memory.update(tensor, name, self.compressor, payload, ctx)
         except PayloadError as err:
-            raise PayloadError(f"{compressor.label} on rank {self.communicator.rank} "
+            raise PayloadError(f"{self.compressor.label} on rank {self.communicator.rank} "
                                f"produced a malformed payload for tensor '{name}': {err}"
                                ) from err
 
@@ -780,8 +810,7 @@ class Grace(Stateful):
                 self._update_memory(tensor, name, sel_payload, sel_ctx)
         means = yield from self.communicator.exchange([(payload, ctx, MODEL_ITEM)], link)
         if link.any_nonfinite:
-            self._nonfinite_step = True
-            return [torch.full_like(t, math.nan) for _, t in compensated]
+            return self._nonfinite(compensated)
         return [part.view_as(t) for part, (_, t) in
                 zip(means[0].split([t.numel() for _, t in compensated]), compensated)]
 

@@ -59,10 +59,15 @@ How the choice is made:
    the one decided on by more than `margin` (relative, latency or bandwidth); tensors seen
    for the first time after a decision are compressed, kept, and decided at the next step.
 
-Error feedback stays exact: every tensor is compensated by the memory first; one sent in
-fp16 or dense updates the memory with that codec (``residual``: t - fp16(t), or nothing
-left for dense; DGC's memory: every element transmitted), so a bucket that changes form
-carries its residual once and leaves none.
+Error feedback follows a change of form: every tensor is compensated by the memory first,
+and one sent whole, in fp16 or dense, leaves nothing to feed back
+(`gracecomm.memory.Memory.update_sent_whole`: ``residual`` forgets its residual; DGC's
+memory clears its accumulation, every element transmitted), so a bucket that changes form
+carries its residual once and leaves none. The fp16 cast's rounding (relative error at most
+2**-11) is dropped, as the fp16 method drops it with its default memory ``none``. A bucket
+whose tensors all go whole in one form, with nothing left to carry, then costs what the
+fixed fp16 or dense method costs: the DDP hook passes its buffer whole
+(`gracecomm.pipeline.Grace.sends_whole`).
 """
 
 from __future__ import annotations

@@ -355,9 +355,13 @@ def flat_run(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def joined(named: Sequence[tuple[str, torch.Tensor]]) -> tuple[str, torch.Tensor] | None:
-    """`named`'s tensors copied back to back into one flat tensor, named after all of them
-    (each set of tensors its own name, so its own payload layout), as ``strategy="auto"``
-    sends its fp16 and dense forms; None for fewer than two tensors or several dtypes."""
+    """`named`'s tensors as one flat tensor, named after all of them (each set of tensors its
+    own name, so its own payload layout), as ``strategy="auto"`` sends its fp16 and dense
+    forms: a view where they lie back to back (`flat_run`: a DDP bucket's gradients), else a
+    copy; None for fewer than two tensors or several dtypes."""
     if len(named) < 2 or len({t.dtype for _, t in named}) > 1:
         return None
-    return "+".join(name for name, _ in named), torch.cat([t.reshape(-1) for _, t in named])
+    tensors = [t for _, t in named]
+    flat = (flat_run(tensors) if len(contiguous_runs(tensors)) == 1
+            else torch.cat([t.reshape(-1) for t in tensors]))
+    return "+".join(name for name, _ in named), flat

@@ -84,6 +84,17 @@ class ResidualMemory(Memory):
         if self.reference == "own":
             self.residuals[name] = compressor.subtract_decompressed(tensor, payload, ctx, own)
 
+    def keeps_nothing_for(self, names: Sequence[str]) -> bool:
+        """True where none of the tensors has a residual and gamma is 1."""
+        return self.gamma == 1.0 and not any(name in self.residuals for name in names)
+
+    def update_sent_whole(self, named: Sequence[tuple[str, torch.Tensor]],
+                          dense: Compressor) -> None:
+        """Forget the residuals of tensors sent whole (nothing of them is left)."""
+        for name, _ in named:
+            self.residuals.pop(name, None)
+            self.lent.pop(name, None)
+
     def update_mean(self, tensor: torch.Tensor, name: str, compressor: Compressor, ctx: Any,
                     mean: torch.Tensor) -> None:
         if compressor.feeds_back(ctx):

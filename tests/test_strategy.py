@@ -129,8 +129,8 @@ def test_the_probe_sends_no_more_than_the_largest_bucket(monkeypatch):
 
 
 def test_error_feedback_follows_a_change_of_form(monkeypatch):
-    """A tensor sent dense carries its residual once and leaves none; sent in fp16 it leaves
-    the cast's error. Two tensors of one form go as one (joined), each keeping its own."""
+    """A tensor sent whole (dense or fp16) carries its residual once and leaves none; two
+    tensors of one form go as one (joined): one fp16 cast of both."""
     grace = gracecomm.build({"name": "topk", "ratio": 0.25}, strategy=Strategy(warmup_steps=5))
     g1, g2 = torch.arange(8.0) - 3.5, torch.linspace(-1, 1, 8)
     names = ("w", "u", "v", "x")  # w and u go dense, v and x in fp16
@@ -145,12 +145,27 @@ def test_error_feedback_follows_a_change_of_form(monkeypatch):
     means = grace.step_many([(name, g2 * (i + 1)) for i, name in enumerate(names)])
     for i, (name, mean) in enumerate(zip(names, means)):
         sent = g2 * (i + 1) + residuals[name]
-        if name in "wu":
-            assert torch.equal(mean, sent) and not grace.memory.residuals[name].any()
-        else:
-            assert torch.equal(mean, sent.half().float())
-            torch.testing.assert_close(grace.memory.residuals[name], sent - sent.half().float())
-    assert cast == [16]
+        assert torch.equal(mean, sent if name in "wu" else sent.half().float())
+    assert cast == [16] and not grace.memory.residuals
+    means = grace.step_many([(name, g2 * (i + 1)) for i, name in enumerate(names)])
+    for i, (name, mean) in enumerate(zip(names, means)):  # nothing left to carry
+        sent = g2 * (i + 1)
+        assert torch.equal(mean, sent if name in "wu" else sent.half().float())
+
+
+def test_momentum_correction_follows_a_change_of_form():
+    """DGC's memory (`Memory.update_sent_whole`'s default): a tensor sent whole clears its
+    accumulation and keeps its momentum, as a step that sends every element does."""
+    grace = gracecomm.build({"name": "topk", "ratio": 0.25}, "dgc",
+                            strategy=Strategy(warmup_steps=5))
+    grad = torch.arange(8.0) - 3.5
+    grace.step_many([("w", grad), ("b", grad)])
+    grace.strategy.forms.update(w=DENSE, b=FP16)
+    momentum = {name: grace.memory.u[name] * 0.9 + grad for name in "wb"}
+    grace.step_many([("w", grad), ("b", grad)])
+    for name in "wb":
+        assert not grace.memory.v[name].any()
+        torch.testing.assert_close(grace.memory.u[name], momentum[name])
 
 
 def test_state_round_trip_keeps_the_decision():
@@ -235,6 +250,45 @@ def _ddp_async(rank: int, world: int) -> None:
 @pytest.mark.slow
 def test_ddp_hook_asynchronous_equals_synchronous():
     run_ranks(_ddp_async, 2, timeout_s=120)
+
+
+def _ddp_whole(rank: int, world: int) -> None:
+    results = []
+    for whole in (True, False):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4))
+        grace = gracecomm.build({"name": "topk", "ratio": 0.2},
+                                strategy=Strategy(warmup_steps=10))
+        if not whole:
+            grace.sends_whole = lambda names: False
+        ddp = DistributedDataParallel(model)  # one bucket
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        register_comm_hook(ddp, grace, opt)
+        cast: list[str] = []  # the name of each fp16 compression
+        compress = Cast.compress
+        Cast.compress = lambda self, t, name: (cast.append(name), compress(self, t, name))[1]
+        gen = torch.Generator().manual_seed(rank)
+        try:
+            for step in range(5):
+                if step == 2:  # residuals left from two compressed steps
+                    grace.strategy.forms.update((n, FP16) for n in grace.memory.residuals)
+                opt.zero_grad()
+                ddp(torch.randn(8, 12, generator=gen)).square().mean().backward()
+                opt.step()
+        finally:
+            Cast.compress = compress
+        assert not grace.memory.residuals and len(cast) == 3
+        assert ["+" in name for name in cast] == [True, not whole, not whole], cast
+        results.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    assert torch.equal(*results)
+
+
+@pytest.mark.slow
+def test_ddp_hook_sends_a_bucket_whole_once_it_has_no_residual_left():
+    """Once every gradient of a bucket goes in one whole form (fp16 here) and the memory
+    keeps nothing for them, the hook sends the bucket's buffer as one tensor, as fixed fp16
+    does: the same parameters as gradient by gradient (joined)."""
+    run_ranks(_ddp_whole, 2, timeout_s=120)
 
 
 def _walk(rank: int, world: int, hierarchy: str) -> None:
