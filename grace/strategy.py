@@ -48,7 +48,10 @@ How the choice is made:
    Top-1% needed 2.4 times plain DDP's steps to the target and PowerSGD 1.3 times), so it is
    used only where, summed over the buckets, it saves at least `min_saving` (default 0.2)
    of a step (the last warm-up step's wall time, averaged over the ranks) over the best
-   choice of fp16 and dense alone; otherwise every bucket takes that choice. And as the
+   choice of fp16 and dense alone: each bucket whole in the cheaper of the two, which it
+   then costs what the fixed fp16 or dense method costs (sent whole, nothing to feed back;
+   a bucket of several forms pays work per tensor that the model does not price).
+   Otherwise every bucket takes that choice. And as the
    model errs by some percent (a few messages' latency, the CPUs' contention), the choice
    of each tensor's cheapest form replaces the plan so chosen (the method throughout, or
    fp16 and dense) only where it saves `min_saving` of a step over it, too: one of three
@@ -155,7 +158,7 @@ class Model:
 
 
 def choose(costs: Sequence[TensorCost], recorded: dict[str, list[float]], model: Model,
-           forms: Sequence[str] = FORMS) -> tuple[list[str], float, float]:
+           forms: Sequence[str] = FORMS, mix: bool = True) -> tuple[list[str], float, float]:
     """The forms of one bucket's tensors (module docstring, step 3).
 
     Args:
@@ -163,6 +166,7 @@ def choose(costs: Sequence[TensorCost], recorded: dict[str, list[float]], model:
         recorded: The collectives the bucket launched compressed, ``{kind: [calls, bytes]}``.
         model: The link and the group.
         forms: The forms to choose from (all of `FORMS`, or fp16 and dense only).
+        mix: Whether the tensors may take different forms (False: one form for all).
 
     Returns:
         (each tensor's form, the modelled seconds of all compressed, those of the choice).
@@ -181,7 +185,7 @@ def choose(costs: Sequence[TensorCost], recorded: dict[str, list[float]], model:
                  FP16: 2 * c.numel * ring + c.fp16_s,
                  DENSE: c.numel * c.itemsize * ring} for c in costs]
     best: tuple[float, list[str]] | None = None
-    for size in range(1, len(forms) + 1):
+    for size in range(1, len(forms) + 1 if mix else 2):
         for allowed in itertools.combinations(forms, size):
             chosen = [min(allowed, key=lambda f, m=m: (m[f], FORMS.index(f))) for m in marginal]
             total = (sum(fixed[f] for f in set(chosen))
@@ -354,7 +358,7 @@ class Strategy(Stateful):
             known = [n for n in names if n in self.costs]
             bucket = [TensorCost(*self.costs[n]) for n in known]
             plans.append((known, choose(bucket, recorded, model),
-                          choose(bucket, recorded, model, (FP16, DENSE))))
+                          choose(bucket, recorded, model, (FP16, DENSE), mix=False)))
         enough = self.min_saving * self.step_s
         method_s, lossless_s, mixed_s = (sum(plan[1][1] for plan in plans),
                                          sum(plan[2][2] for plan in plans),

@@ -90,6 +90,23 @@ def test_time_to_accuracy_table_says_a_miss(tmp_path):
     assert "| `ddp` | yes | 90 | 10.0 | 1.00x |" in table
 
 
+def test_strategy_table_gives_the_median_round_and_the_spread(tmp_path):
+    def tta(method, times):
+        return run(method, 0.1, 1.0, 1.0, reached_target=True, final_accuracy=0.9,
+                   time_to_target_s=sorted(times)[1],
+                   rounds=[{"time_to_target_s": t, "steps_to_target": 90,
+                            "reached_target": True} for t in times])
+    path = stored(tmp_path, "tta.json", 4, [
+        tta("ddp", [20.0, 22.0, 21.0]), tta("topk", [10.0, 12.0, 11.0]),
+        {**tta("topk@auto", [11.5, 10.5, 13.0]),
+         "decision": {"forms": {"compressed": 59, "fp16": 0, "dense": 0}, "decide_s": 0.2}}],
+        goal="accuracy", target_accuracy=0.9)
+    table = cluster_report.render_strategies([path])
+    assert "each time the median of 3 rounds run in turn, [the fastest - the slowest]" in table
+    assert ("| 100 Mbit/s | `topk` | 21.0 [20.0-22.0] / 11.0 [10.0-12.0] / 11.5 [10.5-13.0] "
+            "| 1.05x | 0.96x | 59 / 0 / 0 | 0.20 | 0.9000 / 0.9000 |") in table
+
+
 def test_model_table_and_crossover(tmp_path):
     def stats(nbytes, kind):
         return {bytes_key(kind): nbytes, calls_key(kind): 1, "compute_s": 0.02}

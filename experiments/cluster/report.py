@@ -1,7 +1,8 @@
 """Tables and plots of the emulated-cluster results, from the stored outputs that
 ``bash results/reproduce.sh cluster_*`` writes into ``results/cluster_*/``. The results page
 renders its tables with the ``render_*`` functions (``results/renderers/cluster.py``), so it
-shows exactly what those files hold; ``plot_crossover`` draws the scaling crossover:
+shows exactly what those files hold; ``plot_crossover`` draws the scaling crossover
+(and ``plot_accuracy`` a netbench run's accuracy against time):
 
     python -m gracecomm.experiments.cluster.report crossover.png 2n.json 4n.json 8n.json
 
@@ -260,8 +261,8 @@ def render_strategies(paths: Sequence[Path | str]) -> str:
             if auto is None:
                 continue
             shown = [ddp, fixed, auto]
-            times = " / ".join(f"{scale * x[key]:.1f}" + ("" if x.get("reached_target", True)
-                                                         else " (missed)") for x in shown)
+            times = " / ".join(f"{scale * x[key]:.1f}" + spread(x) + (
+                "" if x.get("reached_target", True) else " (missed)") for x in shown)
             forms = auto.get("decision", {})
             counts = " / ".join(str(forms["forms"][f]) for f in FORMS) if forms else "-"
             line = (f"| {r['bandwidth_mbps']:g} Mbit/s | `{name}` | {times} | "
@@ -272,9 +273,18 @@ def render_strategies(paths: Sequence[Path | str]) -> str:
                 line += f" {fixed['final_accuracy']:.4f} / {auto['final_accuracy']:.4f} |"
             lines.append(line)
     first = results[0]
+    rounds = {len(row["rounds"]) for r in results for row in r["runs"] if "rounds" in row}
+    median = (f"; each time the median of {max(rounds)} rounds run in turn, [the fastest - "
+              "the slowest]" if rounds else "")
     return "\n".join([f"{first['world_size']} nodes x {first['ranks_per_node']} rank"
-                      f"{contention(first)}", "", *lines, "",
+                      f"{contention(first)}{median}", "", *lines, "",
                       *(f"- {source(r)}" for r in results)])
+
+
+def spread(row: dict[str, Any]) -> str:
+    """`` [fastest-slowest]`` of a netbench row's rounds (``accuracy.rounds``), if several."""
+    times = [r["time_to_target_s"] for r in row.get("rounds", [])]
+    return f" [{min(times):.1f}-{max(times):.1f}]" if times else ""
 
 
 def render_hierarchy_projection(path: Path | str) -> str:
@@ -485,6 +495,34 @@ def plot_crossover(paths: Sequence[Path | str], out: Path | str) -> dict[str, An
     ax.legend(fontsize=6, ncol=2)
     save_figure(fig, out)
     return data
+
+
+def plot_accuracy(result: dict[str, Any], path: Path) -> None:
+    """Test accuracy against training wall-clock time, every method on one figure."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.get_cmap("tab10").colors
+    for i, row in enumerate(result["runs"]):  # past 10 methods: the colours again, dashed
+        times, accs = [c[0] for c in row["curve"]], [c[1] for c in row["curve"]]
+        cycle = i // len(colors)
+        ax.plot(times, accs, color=colors[i % len(colors)], linestyle=("-", "--", ":")[cycle % 3],
+                marker=(".", "x", "+")[cycle % 3], label=row["method"])
+    ax.axhline(result["target_accuracy"], color="grey", linestyle="--", linewidth=1,
+               label=f"target {result['target_accuracy']:.3f}")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # they overlap
+    ax.set_xlabel("training wall-clock time (s, log scale; evaluations excluded)")
+    ax.set_ylabel("test accuracy")
+    where = ("cluster" if result["topology"] == "cluster" else "loopback")
+    ax.set_title(f"{where}: {result['world_size']} x {result['ranks_per_node']} rank(s), "
+                 f"{result['bandwidth_mbps']:g} Mbit/s")
+    ax.legend(fontsize=7, ncol=2)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:
