@@ -39,7 +39,6 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "cluster_hierarchy_1000mbit": NETBENCH, "cluster_hierarchy_2n": NETBENCH,
     "cluster_hierarchy_tta": NETBENCH,
     "cluster_strategy": NETBENCH, "cluster_strategy_tta": NETBENCH,
-    "cluster_strategy_tta_1000mbit": NETBENCH,
     "advise_check": NETBENCH,
     "cluster_collectives": ("grace/network.py", "experiments/cluster/"),
     "cluster_projection": ("grace/network.py", "experiments/cluster/"),

@@ -30,7 +30,7 @@ steps=("$@")
   cluster_step cluster_pinning cluster_model cluster_collectives cluster_tta cluster_tta8 \
   cluster_projection cluster_hierarchy cluster_hierarchy_1000mbit cluster_hierarchy_2n \
   cluster_hierarchy_tta \
-  cluster_strategy cluster_strategy_tta cluster_strategy_tta_1000mbit advise_check)
+  cluster_strategy cluster_strategy_tta advise_check)
 
 run() {  # run CMD...: one command of the current step, recorded in its stamp
   python results/stamp.py command "$step" -- "$@"
@@ -327,10 +327,6 @@ for step in "${steps[@]}"; do
           bandwidth_mbps=$mbit 'methods=[ddp,topk,powersgd]' "$TTA_DATA" timeout_s=1800 \
           accuracy.eval_every_steps=5 accuracy.rounds=3
       done ;;
-    cluster_strategy_tta_1000mbit)  # needs root: the same at 1000 Mbit/s alone, a second sample
-      store 4n_1000mbit gracecomm-netbench "${STRATEGY[@]}" goal=accuracy \
-        bandwidth_mbps=1000 'methods=[ddp,topk,powersgd]' "$TTA_DATA" timeout_s=1800 \
-        accuracy.eval_every_steps=5 ;;
     advise_check)  # gracecomm-advise's projection against the steps cluster_strategy measured
       for mbit in 10 100 1000; do
         run gracecomm-advise against=results/cluster_strategy/4n_${mbit}mbit.json \

@@ -128,3 +128,20 @@ def test_checked_rows_show_the_measured_step_and_the_error(tmp_path):
     path = tmp_path / "advise.json"
     path.write_text(json.dumps(result))
     assert "| 100 Mbit/s | `topk` | 110.0 | 100.0 | +10% |" in advise.render_checks([path])
+
+
+def test_a_rank_decodes_every_nodes_payload_where_the_communicator_does_not_sum(monkeypatch):
+    """`traffic` at N ranks adds the decoding of N payloads per tensor (less one) for
+    allgather, and nothing for a communicator that sums payloads."""
+    from gracecomm.communicator import Communicator
+    from gracecomm.experiments.cluster.projection import traffic
+
+    decoded: list[int] = []  # payloads per tensor of each aggregation
+    aggregate = Communicator.aggregate_items
+    monkeypatch.setattr(Communicator, "aggregate_items", lambda self, items, per_rank: (
+        decoded.append(len(per_rank)), aggregate(self, items, per_rank))[1])
+    traffic("topk", [(8, 4), (16,)], ranks=4)
+    assert set(decoded) == {1, 4}  # the steps' own payload; then 1 against 4, timed
+    decoded.clear()
+    traffic("fp16", [(8, 4), (16,)], ranks=4)
+    assert not decoded

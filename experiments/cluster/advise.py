@@ -10,7 +10,8 @@ What goes in, and where it comes from:
 - **Bytes, collectives and compression cost per step**: each method's preset run on random
   tensors of the model's real gradient shapes in a world of one
   (`gracecomm.experiments.cluster.projection.traffic`), its whole pipeline step timed on
-  this machine.
+  this machine, with the decoding of every node's payload added where the communicator
+  does not sum them (allgather: each rank decodes one payload per node).
 - **Network** (`gracecomm.network.Network`): each node's link of `bandwidth_mbps`, a
   per-message latency, TCP's framing, ring collectives, no overlap of communication with
   the backward pass; nodes of `ranks_per_node` ranks exchange this library's methods in two
@@ -201,7 +202,7 @@ def rank(cfg: DictConfig) -> dict[str, Any]:
         torch.set_num_threads(1)  # as the cluster's ranks run
     try:
         compute_s, shapes = compute_time(cfg)
-        traffics = [traffic(method, shapes, device=str(cfg.device))
+        traffics = [traffic(method, shapes, device=str(cfg.device), ranks=int(cfg.nodes))
                     for method in map(str, cfg.methods)]
     finally:
         torch.set_num_threads(threads)

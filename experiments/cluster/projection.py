@@ -134,23 +134,38 @@ def buckets(dense_bytes: int) -> int:
 
 
 def traffic(method: str, shapes: list[tuple[int, ...]], seed: int = 0,
-            device: str = "cpu") -> dict[str, Any]:
+            device: str = "cpu", ranks: int = 1) -> dict[str, Any]:
     """Per-step statistics of `method` on gradients of `shapes` (module docstring): payload
     bytes per rank, the collectives' kind and calls, and the pipeline's cost in reads of the
-    gradient and in seconds (this process's CPU time; on a CUDA `device`, its time there)."""
+    gradient and in seconds (this process's CPU time; on a CUDA `device`, its time there).
+
+    The pipeline runs in a world of one. Where its communicator does not sum payloads
+    (allgather, broadcast, a parameter server's server), a rank of `ranks` checks and
+    decodes every rank's payload, not one: the time of that for `ranks` copies of this
+    rank's payloads, less for one, is added (`Communicator.aggregate_items`)."""
     torch.manual_seed(seed)
     named = [(f"p{i}", torch.randn(s, device=device)) for i, s in enumerate(shapes)]
     dense = 4 * sum(t.numel() for _, t in named)
     cfg = presets.compose(method)
     grace = build_grace(cfg)
     compressor = instantiate(cfg.compressor)
-    kind = grace.communicator.registry_name
+    comm = grace.communicator
+    kind = comm.registry_name
     grace.step_many(named)  # warm-up: buffers, kernels, PowerSGD's Q
     grace.metrics.pop()
+    cuda = torch.device(device).type == "cuda"
     step_s, read_s = best_of_each([lambda: grace.step_many(named),
                                    lambda: [t.sum() for _, t in named]], repeats=2, warmup=0,
-                                  cuda=torch.device(device).type == "cuda")
+                                  cuda=cuda)
     wire = grace.metrics.pop()["wire_bytes"] / 2
+    if ranks > 1 and not comm.sums_payloads:
+        items = [(*grace.compressor.compress(t, name), name) for name, t in named]
+        own = [payload for payload, _, _ in items]
+        one, every = best_of_each([lambda: comm.aggregate_items(items, [own]),
+                                   lambda: comm.aggregate_items(items, [own] * ranks)],
+                                  repeats=3, cuda=cuda)
+        step_s += max(0.0, every - one)
+        grace.metrics.pop()
     rounds = 2 if (compressor.registry_name == "powersgd"
                    or (kind == "allgather" and not compressor.capabilities().fixed_size)) else 1
     return {"method": method, "communicator": kind, "wire_bytes": wire, "dense_bytes": dense,
