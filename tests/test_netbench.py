@@ -95,6 +95,33 @@ def test_accuracy_rounds_report_each_runs_median_round():
     assert median_round(rows[:1]) == rows[0]  # one round: no rounds listed
 
 
+def test_accuracy_rounds_give_every_method_the_same_seeds(monkeypatch, tmp_path):
+    """Round r trains every method with its seed plus r: the median compares like with
+    like over initialisations and data orders."""
+    from types import SimpleNamespace
+
+    from gracecomm.experiments.cluster import netbench as nb
+
+    trained: list[tuple[str, str]] = []
+
+    class Topology:
+        ranks, counts_links = 4, False
+
+        def train(self, overrides, run_dir, timeout_s):
+            trained.append((run_dir.name, [o for o in overrides if o.startswith("seed=")][-1]))
+
+    monkeypatch.setattr(nb, "finished", lambda run_dir: SimpleNamespace(steps=[{}], summary={}))
+    monkeypatch.setattr(nb, "time_to_target", lambda run, target, warmup: {
+        "step_records": [], "time_to_target_s": 1.0, "steps_to_target": 5,
+        "reached_target": True, "final_accuracy": 0.95})
+    monkeypatch.setattr(nb, "summarise", lambda *args: {})
+    rows = nb.measure_accuracy(config(accuracy={"rounds": 2}), Topology(),
+                               [("ddp", ["seed=3"]), ("topk", [])], None, 0.9, tmp_path)
+    assert trained == [("ddp.0", "seed=3"), ("topk.0", "seed=0"),
+                       ("ddp.1", "seed=4"), ("topk.1", "seed=1")]
+    assert [len(row["rounds"]) for row in rows] == [2, 2]
+
+
 @pytest.mark.parametrize("inside", [True, False])
 def test_the_hosts_rate_is_what_the_allreduce_leaves_unexplained(inside):
     """An allreduce timed as the model prices it with a hosts' rate gives that rate back,

@@ -54,9 +54,11 @@ every ``accuracy.eval_every_steps`` steps, reaches the target, or ``accuracy.max
 Its time to target is the training wall-clock time at that evaluation (from its first step,
 evaluations excluded); a run that misses says so (``reached_target: false``, its
 ``time_to_target_s`` then the whole run's time, a lower bound). With ``accuracy.rounds``
-above 1 the methods train to the target that often, in turn, and each row is the method's
-median round (by time to target; of an even count, the faster middle one), with every
-round's ``time_to_target_s``, ``steps_to_target`` and ``reached_target`` in ``rounds``.
+above 1 the methods train to the target that often, in turn, round r with the training
+seed plus r (the steps to a target move with the initialisation and the data order as much
+as between methods that send near-exact gradients), and each row is the method's median
+round (by time to target; of an even count, the faster middle one), with every round's
+``time_to_target_s``, ``steps_to_target`` and ``reached_target`` in ``rounds``.
 A plot of test accuracy against wall-clock time, every method on one figure (its median
 round), is written next to ``netbench.json``.
 
@@ -393,14 +395,17 @@ def time_to_target(run: Run, target: float, warmup: int) -> dict[str, Any]:
 def measure_accuracy(cfg: DictConfig, topology: Any, runs: list[tuple[str, list[str]]],
                      network: Network, target: float, out_dir: Path) -> list[dict[str, Any]]:
     """``goal=accuracy``: every run until `target` or the step limit, ``accuracy.rounds``
-    times in turn (so load drifts hit all alike); each run's row is its median round."""
+    times in turn (so load drifts hit all alike), round r with the run's seed plus r (every
+    method a round's initialisation and data order); each run's row is its median round."""
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in runs}
     warmup, count = int(cfg.warmup_steps), int(cfg.accuracy.rounds)
     setup = setup_bytes(cfg, topology, runs, out_dir)
+    seeds = {name: int(presets.train_config(*overrides).seed) for name, overrides in runs}
     for round_ in range(count):
         for name, overrides in runs:
             run_dir = out_dir / (name if count == 1 else f"{name}.{round_}")
-            total = topology.train([*overrides, *accuracy_overrides(cfg, target)], run_dir,
+            total = topology.train([*overrides, *accuracy_overrides(cfg, target),
+                                    f"seed={seeds[name] + round_}"], run_dir,
                                    float(cfg.timeout_s))
             run = finished(run_dir)
             tta = time_to_target(run, target, warmup)
