@@ -51,7 +51,7 @@ from gracecomm.validation import (
     is_finite,
     nonfinite_among,
 )
-from gracecomm.wire import contiguous_runs, flat_run
+from gracecomm.wire import contiguous_runs, flat_run, split_like
 from gracecomm.wire import joined as joined_tensor
 
 MODEL_ITEM = "model"  # the name of the joint item of a model-level compressor
@@ -757,11 +757,7 @@ class Grace(Stateful):
             [(payload, ctx, name) for (name, _), (payload, ctx) in zip(items, compressed)], link)
         if link.any_nonfinite:
             return self._nonfinite(compensated)
-        if not joint:
-            return means
-        tensors = [t for _, t in compensated]
-        return [part.view_as(t) for part, t in
-                zip(means[0].reshape(-1).split([t.numel() for t in tensors]), tensors)]
+        return split_like(means[0], [t for _, t in compensated]) if joint else means
 
     def _nonfinite(self, compensated: Named) -> list[torch.Tensor]:
         """An exchange that carried a non-finite gradient on some rank (without
@@ -780,10 +776,8 @@ class Grace(Stateful):
         joint = [(compensated[run.start][0], flat_run(tensors[run.start:run.stop]))
                  for run in runs]
         means = yield from self._rounds(joint, link)
-        parts = [mean.reshape(-1).split([tensors[i].numel() for i in run])
-                 for run, mean in zip(runs, means)]
-        return [part.view_as(tensors[i]) for run, split in zip(runs, parts)
-                for i, part in zip(run, split)]
+        return [part for run, mean in zip(runs, means)
+                for part in split_like(mean, tensors[run.start:run.stop])]
 
     def _update_memory(self, tensor: torch.Tensor, name: str, payload: Payload,
                        ctx: Any) -> None:
@@ -811,8 +805,7 @@ class Grace(Stateful):
         means = yield from self.communicator.exchange([(payload, ctx, MODEL_ITEM)], link)
         if link.any_nonfinite:
             return self._nonfinite(compensated)
-        return [part.view_as(t) for part, (_, t) in
-                zip(means[0].split([t.numel() for _, t in compensated]), compensated)]
+        return split_like(means[0], [t for _, t in compensated])
 
     def _timed(self, rounds: Generator[Works, None, Any], key: str
                ) -> Generator[Works, None, Any]:

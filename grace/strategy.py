@@ -492,8 +492,9 @@ def measure_costs(kept: dict[str, torch.Tensor], buckets: Sequence[Sequence[str]
             continue
         device = named[0][1].device
         _scale_to(out, named, 3, timed(lambda n=named: compress(n), device)[0])
-        if joined(named) is not None:  # the fp16 form sends them joined (`Grace._rounds`)
-            _scale_to(out, named, 5, timed(lambda n=named: fp16(*joined(n)), device)[0])
+        joint = joined(named)
+        if joint is not None:  # the fp16 form sends them joined (`Grace._whole_rounds`)
+            _scale_to(out, named, 5, timed(lambda j=joint: fp16(*j), device)[0])
     return out
 
 

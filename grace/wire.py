@@ -365,3 +365,10 @@ def joined(named: Sequence[tuple[str, torch.Tensor]]) -> tuple[str, torch.Tensor
     flat = (flat_run(tensors) if len(contiguous_runs(tensors)) == 1
             else torch.cat([t.reshape(-1) for t in tensors]))
     return "+".join(name for name, _ in named), flat
+
+
+def split_like(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`flat`'s elements cut back into `tensors`' shapes, in order (views): the inverse of
+    `flat_run` and `joined`, for a joint mean."""
+    parts = flat.reshape(-1).split([t.numel() for t in tensors])
+    return [part.view_as(t) for part, t in zip(parts, tensors)]
