@@ -44,17 +44,22 @@ How the choice is made:
    Each form a bucket uses pays its collectives' latency once, so every set of forms (7)
    is tried, each tensor taking its cheapest form in the set, and the cheapest total wins
    (ties go to the method, then fp16). The method's compression costs accuracy per step
-   where fp16 and dense cost next to none (in this repository's stored runs on 4 nodes,
-   Top-1% needed 2.4 times plain DDP's steps to the target and PowerSGD 1.3 times), so it is
-   used only where, summed over the buckets, it saves at least `min_saving` (default 0.2)
-   of a step (the last warm-up step's wall time, averaged over the ranks) over the best
-   choice of fp16 and dense alone: each bucket whole in the cheaper of the two, which it
-   then costs what the fixed fp16 or dense method costs (sent whole, nothing to feed back;
-   a bucket of several forms pays work per tensor that the model does not price).
-   Otherwise every bucket takes that choice. And as the
+   where fp16 and dense cost next to none: `step_penalty` is how many times the steps to a
+   target it needs over a lossless exchange's (1: step time alone; in this repository's
+   stored runs on 4 nodes Top-1% needed 2.4 times plain DDP's steps and PowerSGD 1.3 times,
+   and the trainer takes the run's method's ratio from there, ``exchange.step_penalty``).
+   A plan is weighed by its step times its penalty (1 for one that compresses no tensor):
+   the method throughout takes the last warm-up step's wall time (averaged over the ranks),
+   a plan of fp16 and dense that step less the method's modelled time plus its own. The
+   method is used only where, so weighed, it saves at least `min_saving` (default 0.2) of
+   a step over the best choice of fp16 and dense alone: each bucket whole in the cheaper of
+   the two, which it then costs what the fixed fp16 or dense method costs (sent whole,
+   nothing to feed back; a bucket of several forms pays work per tensor that the model
+   does not price). Otherwise every bucket takes that choice. And as the
    model errs by some percent (a few messages' latency, the CPUs' contention), the choice
    of each tensor's cheapest form replaces the plan so chosen (the method throughout, or
-   fp16 and dense) only where it saves `min_saving` of a step over it, too: one of three
+   fp16 and dense) only where, weighed the same way, it saves `min_saving` of a step over
+   it, too: one of three
    plans (`PLANS`) for all buckets. The decision
    is printed by the trainer as a table (`table`), logged to ``gracecomm.strategy``, kept
    in `decision` and in the state.
@@ -77,6 +82,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -208,9 +214,11 @@ class Strategy(Stateful):
         recheck_steps: Steps between probes of the link after a decision (0: never).
         margin: The relative change of the link's latency or bandwidth that makes a new
             decision.
-        min_saving: The share of a step that the method's compression must save, over
-            the best choice of fp16 and dense alone, to be used at all (module docstring,
-            step 3).
+        min_saving: The share of a step that a plan must save, over the plan it replaces,
+            to be chosen: the method's over fp16 and dense alone, each tensor's cheapest
+            form over either (module docstring, step 3).
+        step_penalty: The method's steps to a target over a lossless exchange's (at least
+            1; ``math.inf``: never compress); a plan that compresses weighs its step by it.
 
     Attributes:
         forms: Each decided tensor's form (`FORMS`), by name.
@@ -230,13 +238,15 @@ class Strategy(Stateful):
                    "decision", "decisions", "plan")
 
     def __init__(self, warmup_steps: int = 3, recheck_steps: int = 500,
-                 margin: float = 0.25, min_saving: float = 0.2) -> None:
+                 margin: float = 0.25, min_saving: float = 0.2,
+                 step_penalty: float = 1.0) -> None:
         self.warmup_steps = int(check_range(warmup_steps, "strategy", "warmup_steps", 1,
                                             integer=True))
         self.recheck_steps = int(check_range(recheck_steps, "strategy", "recheck_steps", 0,
                                              integer=True))
         self.margin = float(check_range(margin, "strategy", "margin", 0.0, low_open=True))
         self.min_saving = float(check_range(min_saving, "strategy", "min_saving", 0.0, 1.0))
+        self.step_penalty = float(check_range(step_penalty, "strategy", "step_penalty", 1.0))
         self.step_s = 0.0  # the last warm-up step's wall time, start to start (agreed)
         self.plan = METHOD  # the last decision's kind of plan (`PLANS`)
         self._started: float | None = None
@@ -255,7 +265,7 @@ class Strategy(Stateful):
     def __repr__(self) -> str:
         return (f"Strategy(warmup_steps={self.warmup_steps}, "
                 f"recheck_steps={self.recheck_steps}, margin={self.margin}, "
-                f"min_saving={self.min_saving})")
+                f"min_saving={self.min_saving}, step_penalty={self.step_penalty})")
 
     def step_started(self) -> float:
         """Note the start of a step (the pipeline's first call of it).
@@ -363,9 +373,13 @@ class Strategy(Stateful):
         method_s, lossless_s, mixed_s = (sum(plan[1][1] for plan in plans),
                                          sum(plan[2][2] for plan in plans),
                                          sum(plan[1][2] for plan in plans))
-        base, base_s = ((METHOD, method_s) if lossless_s - method_s >= enough
-                        else (LOSSLESS, lossless_s))
-        self.plan = MIXED if base_s - mixed_s >= enough else base
+        rest_s = max(self.step_s - method_s, 0.0)  # the step besides the method's exchange
+        weighed = {METHOD: self._weighed(max(self.step_s, method_s), True),
+                   LOSSLESS: rest_s + lossless_s,
+                   MIXED: self._weighed(rest_s + mixed_s,
+                                        any(COMPRESSED in plan[1][0] for plan in plans))}
+        base = METHOD if weighed[LOSSLESS] - weighed[METHOD] >= enough else LOSSLESS
+        self.plan = MIXED if weighed[base] - weighed[MIXED] >= enough else base
         rows = []
         for index, (known, best, lossless) in enumerate(plans):
             forms, chosen_s = {MIXED: (best[0], best[2]), LOSSLESS: (lossless[0], lossless[2]),
@@ -381,6 +395,12 @@ class Strategy(Stateful):
         self.decisions += 1
         self.kept = {}
         LOG.info("strategy auto, decision %d:\n%s", self.decisions, self.table())
+
+    def _weighed(self, step_s: float, compresses: bool) -> float:
+        """A plan's step weighed by the method's `step_penalty` if it compresses a tensor."""
+        if not compresses:
+            return step_s
+        return math.inf if math.isinf(self.step_penalty) else self.step_penalty * step_s
 
     def _recorded_buckets(self) -> list[tuple[list[str], dict[str, list[float]]]]:
         """The buckets to decide (`recorded`, with the calls kept since the last decision
@@ -404,7 +424,8 @@ class Strategy(Stateful):
                  f"{8e-6 * self.link[1]:.1f} Mbit/s (probed); a {1e3 * self.step_s:.1f} ms "
                  f"step; modelled: the method throughout {total['compressed_ms']:.2f} ms, fp16 "
                  f"and dense {total['lossless_ms']:.2f} ms, mixed {total['best_ms']:.2f} ms: "
-                 f"{PLANS[self.plan]} (min_saving {self.min_saving:g} of the step)",
+                 f"{PLANS[self.plan]} (step_penalty {self.step_penalty:.3g}, min_saving "
+                 f"{self.min_saving:g} of the step)",
                  "bucket | tensors | KB     | compressed | fp16 | dense | ms compressed "
                  "| ms chosen"]
         for row in self.decision:

@@ -312,20 +312,24 @@ for step in "${steps[@]}"; do
       store 4x2_10mbit gracecomm-netbench "${HIERARCHY[@]}" goal=accuracy world_size=4 \
         bandwidth_mbps=10 'methods=[ddp,topk]' "$TTA_DATA" timeout_s=1800 ;;
     cluster_strategy)  # needs root: 4 nodes, the method's form or the chosen ones, per link
-      # three rounds at 1000 Mbit/s, where the plans' steps differ by less than one round's noise
+      # three rounds at 1000 Mbit/s, where the plans' steps differ by less than one round's
+      # noise; step time is the goal, so auto weighs step time alone (step_penalty 1)
       for mbit in 10 100 1000; do
         store "4n_${mbit}mbit" gracecomm-netbench "${STRATEGY[@]}" bandwidth_mbps=$mbit \
           also_sync=false rounds=$((mbit == 1000 ? 3 : 1)) steps=15 warmup_steps=5 \
-          'methods=[ddp,fp16,topk,powersgd]'
+          'methods=[ddp,fp16,topk,powersgd]' \
+          'overrides=["model=resnet20","data=prototypes","exchange.step_penalty=1"]'
       done ;;
     cluster_strategy_tta)  # needs root: time to accuracy of the same, per link
       # evaluated every 5 steps: at 1000 Mbit/s DDP reaches the target in about 90 steps,
-      # so the default 10 would be an 11% granularity against a 5% target; three rounds,
-      # the median of each: one run's time moves by more than 5% with the machine's load
+      # so the default 10 would be an 11% granularity against a 5% target; three rounds
+      # (five at 1000 Mbit/s, where the plans' steps differ by less than the seeds' spread),
+      # the median of each: one run's time moves by more than 5% with the machine's load;
+      # auto weighs each method's step by its steps to the target in cluster_tta
       for mbit in 10 100 1000; do
         store "4n_${mbit}mbit" gracecomm-netbench "${STRATEGY[@]}" goal=accuracy \
           bandwidth_mbps=$mbit 'methods=[ddp,topk,powersgd]' "$TTA_DATA" timeout_s=1800 \
-          accuracy.eval_every_steps=5 accuracy.rounds=3
+          accuracy.eval_every_steps=5 accuracy.rounds=$((mbit == 1000 ? 5 : 3))
       done ;;
     advise_check)  # gracecomm-advise's projection against the steps cluster_strategy measured
       for mbit in 10 100 1000; do

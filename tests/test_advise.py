@@ -4,12 +4,14 @@ a method that missed the target never recommended), and the command's last line.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from gracecomm.experiments.cluster import advise
+from gracecomm.experiments.cluster import evidence as evidence_module
 from gracecomm.validation import ConfigError
 from tests.helpers import console_script
 
@@ -145,3 +147,33 @@ def test_a_rank_decodes_every_nodes_payload_where_the_communicator_does_not_sum(
     decoded.clear()
     traffic("fp16", [(8, 4), (16,)], ranks=4)
     assert not decoded
+
+
+def test_step_penalty_is_a_method_s_steps_over_the_baseline_s(tmp_path):
+    path = evidence(tmp_path, {"ddp": 90, "topk": 225, "fp16": 80, "randomk": None})
+    assert evidence_module.step_penalty("topk", path)[0] == 2.5
+    assert evidence_module.step_penalty("fp16", path)[0] == 1.0  # never below 1
+    penalty, why = evidence_module.step_penalty("randomk", path)
+    assert penalty == math.inf and why.startswith("randomk missed the target in tta.json")
+    assert evidence_module.step_penalty("qsgd", path) is None
+    assert evidence_module.step_penalty("topk", evidence(tmp_path, {"ddp": None})) is None
+
+
+def test_an_auto_run_takes_its_method_s_step_penalty_unless_given(tmp_path, monkeypatch):
+    """``exchange.step_penalty`` null: the stored ratio of the preset whose compressor,
+    memory and communicator the run has (``+method=NAME`` or ``compressor=NAME``); another
+    ratio is another method, and a value given is kept."""
+    from gracecomm.experiments import presets
+    monkeypatch.setattr(evidence_module, "EVIDENCE", evidence(tmp_path, {"ddp": 80, "topk": 200}))
+    cfg = presets.train_config("exchange.strategy=auto")
+    assert evidence_module.apply_step_penalty(cfg, {"compressor": "topk"}) == [
+        "exchange.step_penalty=2.5 (topk needed 200 steps to the target, ddp 80, in tta.json: "
+        "model=mlp,data=digits, 4 nodes at 100 Mbit/s, target accuracy 0.930)"]
+    assert cfg.exchange.step_penalty == 2.5
+    other = presets.train_config("exchange.strategy=auto", "compressor.ratio=0.1")
+    [line] = evidence_module.apply_step_penalty(other, {"compressor": "topk"})
+    assert other.exchange.step_penalty == 1.0 and "no stored run of this method" in line
+    given = presets.train_config("exchange.strategy=auto", "exchange.step_penalty=3")
+    assert evidence_module.apply_step_penalty(given, {"compressor": "topk"}) == []
+    assert given.exchange.step_penalty == 3
+    assert evidence_module.apply_step_penalty(presets.train_config(), {"compressor": "topk"}) == []

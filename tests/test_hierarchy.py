@@ -267,7 +267,7 @@ def test_option_in_hook_frameworks_and_trainer_config() -> None:
         gracecomm.build("dgc", {"name": "dgc", "clip_norm": 1.0}, hierarchy="node")
     assert exchange_options(OmegaConf.create({}))["hierarchy"] == "flat"
     cfg = OmegaConf.create({"exchange": {"hierarchy": "node"}})
-    assert exchange_options(cfg) == {"hierarchy": "node", "strategy": "fixed"}
+    assert exchange_options(cfg) == {"hierarchy": "node", "strategy": "fixed", "step_penalty": None}
     with pytest.raises(ConfigError, match="exchange: unknown option 'hierachy'. "
                                           r"Did you mean 'hierarchy'\?"):
         exchange_options(OmegaConf.create({"exchange": {"hierachy": "node"}}))
@@ -276,3 +276,6 @@ def test_option_in_hook_frameworks_and_trainer_config() -> None:
                                            "trainer": {"exchange": "torch"}}))
     with pytest.raises(ConfigError, match="exchange: option 'hierarchy' must be one of"):
         exchange_options(OmegaConf.create({"exchange": {"hierarchy": "nodes"}}))
+    with pytest.raises(ConfigError, match=r"exchange: option 'step_penalty' must be a number "
+                                          r"in \[1.0, inf\), got 0.5"):
+        exchange_options(OmegaConf.create({"exchange": {"step_penalty": 0.5}}))

@@ -5,6 +5,7 @@ working per tensor (or refused) flat and two-level on Gloo ranks."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -98,6 +99,31 @@ def test_each_plan_where_it_saves_enough_of_a_step():
         strategy.decide(link, costs, SLOW_LINK.world, SLOW_LINK.decompressions, step_s)
         assert (strategy.plan, strategy.forms) == (plan, {"w": w, "v": v})
         assert PLANS[plan] in strategy.table()
+
+
+def test_the_step_penalty_weighs_the_plans_that_compress():
+    """The method saves far more than `min_saving` of a step over fp16 and dense, so step
+    time alone (a penalty of 1) takes it; a penalty that makes its step times the penalty
+    longer than the lossless plan's step takes fp16 and dense, and so does one of inf (a
+    method that missed the target)."""
+    costs = {"w": cost(4_000_000, compute_s=5e-3)}
+    recorded = allgather_of(list(costs.values()))
+    _, method_s, _ = choose(list(costs.values()), recorded, SLOW_LINK)
+    lossless_s = choose(list(costs.values()), recorded, SLOW_LINK, (FP16, DENSE))[2]
+    step_s = 2 * method_s  # compute as long as the method's exchange
+    lossless_step = step_s - method_s + lossless_s
+    worth = (lossless_step - 0.2 * step_s) / step_s  # the largest penalty the method survives
+    assert worth > 2
+    link = [SLOW_LINK.latency_s, SLOW_LINK.bandwidth_bps]
+    for penalty, plan in ((1.0, METHOD), (0.99 * worth, METHOD), (1.01 * worth, LOSSLESS),
+                          (math.inf, LOSSLESS)):
+        strategy = Strategy(step_penalty=penalty)
+        strategy.recorded = [(["w"], recorded)]
+        strategy.decide(link, costs, SLOW_LINK.world, SLOW_LINK.decompressions, step_s)
+        assert strategy.plan == plan, penalty
+        assert f"step_penalty {penalty:.3g}" in strategy.table()
+    with pytest.raises(ConfigError, match=r"'step_penalty' must be a number in \[1.0, inf\)"):
+        Strategy(step_penalty=0.5)
 
 
 def test_one_process_sends_everything_dense_and_records_the_decision():

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -59,6 +58,7 @@ from torch.utils.data import DataLoader
 from gracecomm.config import guarded, instantiate
 from gracecomm.experiments import presets
 from gracecomm.experiments.bench.timing import best_of
+from gracecomm.experiments.cluster.evidence import stored_runs
 from gracecomm.experiments.cluster.projection import step_stats, traffic
 from gracecomm.experiments.cluster.report import network_of
 from gracecomm.experiments.workloads.tasks import make_task
@@ -69,8 +69,6 @@ from gracecomm.network import (
     project_hierarchies,
 )
 from gracecomm.validation import ConfigError, check_choice, check_range, error_line
-
-EVIDENCE = Path(__file__).resolve().parents[2] / "results" / "cluster_tta" / "4n_100mbit.json"
 
 
 def validate(cfg: DictConfig) -> None:
@@ -176,22 +174,6 @@ def projected_step(cfg: DictConfig, t: dict[str, Any], compute_s: float,
     return cell["node_step_s"], "node"
 
 
-def evidence_of(cfg: DictConfig) -> tuple[dict[str, Any], str]:
-    """method -> that run's record (``reached_target``, ``steps_to_target``), and a label
-    naming the run: its file, model, data and cluster."""
-    path = Path(cfg.evidence) if cfg.evidence is not None else EVIDENCE
-    if not path.is_file():
-        return {}, ""
-    result = json.loads(path.read_text(encoding="utf-8"))
-    command = result.get("provenance", {}).get("command", "")
-    setting = re.search(r"overrides=\[([^\]]*)\]", command)
-    data = setting[1].replace('"', "") if setting else "netbench's default model and data"
-    label = (f"{path.name}: {data}, {result['world_size']} nodes at "
-             f"{result['bandwidth_mbps']:g} Mbit/s, target accuracy "
-             f"{result['target_accuracy']:.3f}")
-    return {row["method"]: row for row in result["runs"]}, label
-
-
 def rank(cfg: DictConfig) -> dict[str, Any]:
     """Every method's projected step and time to the target, best first (module
     docstring): those with evidence that reached the target, then those without evidence,
@@ -206,7 +188,7 @@ def rank(cfg: DictConfig) -> dict[str, Any]:
                     for method in map(str, cfg.methods)]
     finally:
         torch.set_num_threads(threads)
-    runs, label = evidence_of(cfg)
+    runs, label, _ = stored_runs(cfg.evidence)
     measured = ({row["method"]: row["step_s"] for row in stored(cfg)["runs"]}
                 if cfg.against is not None else {})
     slowed = float(cfg.contention)

@@ -317,6 +317,7 @@ def decision_fields(run: Run) -> dict[str, Any]:
     return {"decision": {"forms": {form: sum(b[form] for b in decided["buckets"])
                                    for form in FORMS},
                          "buckets": len(decided["buckets"]), "link": decided["link"],
+                         "step_penalty": decided.get("step_penalty"),
                          "decide_s": sum(r.get("decide_s", 0.0) for r in run.steps)}}
 
 

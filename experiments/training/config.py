@@ -39,7 +39,8 @@ from gracecomm.network import (
 )
 from gracecomm.pipeline import AUTO, default_part
 from gracecomm.registry import check_known, check_options
-from gracecomm.strategy import FIXED, check_strategy
+from gracecomm.strategy import AUTO as AUTO_STRATEGY
+from gracecomm.strategy import FIXED, Strategy, check_strategy
 from gracecomm.validation import (
     ConfigError,
     MissingDependencyError,
@@ -76,10 +77,13 @@ def build_grace(cfg: DictConfig) -> Grace:
     allow = bool(cfg.get(OPT_IN, False))
     compressor = instantiate(cfg.compressor, allow_any_target=allow)
     resolve_parts(cfg, compressor)
+    options = exchange_options(cfg)
+    penalty = options.pop("step_penalty")
+    if options["strategy"] == AUTO_STRATEGY:
+        options["strategy"] = Strategy(step_penalty=1.0 if penalty is None else penalty)
     return build(compressor, instantiate(cfg.memory, allow_any_target=allow),
                  instantiate(cfg.communicator, allow_any_target=allow),
-                 check_finite=bool(cfg.get("check_finite", True)),
-                 **exchange_options(cfg))
+                 check_finite=bool(cfg.get("check_finite", True)), **options)
 
 
 def part_config(group: str, name: str) -> DictConfig:
@@ -179,7 +183,8 @@ def check_trainer_options(trainer: DictConfig) -> None:
     check_known(trainer, known, "trainer")
 
 
-EXCHANGE_DEFAULTS = {"hierarchy": FLAT, "strategy": FIXED}  # train.yaml's ``exchange:``
+# train.yaml's ``exchange:``; step_penalty None: set at launch (`evidence.apply_step_penalty`)
+EXCHANGE_DEFAULTS = {"hierarchy": FLAT, "strategy": FIXED, "step_penalty": None}
 
 
 def exchange_options(cfg: DictConfig) -> dict[str, Any]:
@@ -196,6 +201,8 @@ def exchange_options(cfg: DictConfig) -> dict[str, Any]:
                               "library's exchange; trainer.exchange=torch runs PyTorch's own "
                               f"({option} {default}; use trainer.exchange=hook, hook_sync or "
                               "step)")
+    if options["step_penalty"] is not None:
+        check_range(options["step_penalty"], "exchange", "step_penalty", 1.0)
     return options
 
 

@@ -36,6 +36,7 @@ from gracecomm.config import (
     instantiate,
     opted_in,
 )
+from gracecomm.experiments.cluster.evidence import apply_step_penalty
 from gracecomm.experiments.method_defaults import apply_method_defaults, given_keys
 from gracecomm.experiments.training import checkpoint, rundir
 from gracecomm.experiments.training.collapse import CollapseError
@@ -125,8 +126,9 @@ def train_job(cfg: DictConfig) -> float | tuple[float, ...]:
         cfg[OPT_IN] = allow
     compressor = instantiate(cfg.compressor, allow_any_target=allow)
     resolve_parts(cfg, compressor)
-    for line in apply_method_defaults(cfg, given_keys(HydraConfig.get().overrides.task),
-                                      compressor):
+    for line in [*apply_method_defaults(cfg, given_keys(HydraConfig.get().overrides.task),
+                                        compressor),
+                 *apply_step_penalty(cfg, HydraConfig.get().runtime.choices)]:
         if os.environ.get("RANK", "0") == "0":  # once, also under torchrun
             print(line, flush=True)
     validate(cfg)

@@ -419,6 +419,7 @@ class Worker:
                        collapse=self.watch.verdict(), **{RECORD_KEY: cfg_dict.get(RECORD_KEY, {})})
         if grace.strategy is not None:  # exchange.strategy=auto: the last decision
             summary["strategy"] = {"link": grace.strategy.link,
+                                   "step_penalty": grace.strategy.step_penalty,
                                    "decisions": grace.strategy.decisions,
                                    "buckets": grace.strategy.decision}
         if resumed is not None:
