@@ -69,7 +69,7 @@ ALLOWED = {
     | _each(DEEPREDUCE, "about 50%", "about -40%", "-50%", "33%", "~40%", "~50%", "about 60%",
             "about 40%")
     | _each(SIDCO, "-60x", "7.6x", "2x")
-    | _each(TARGET, "4x", "10x", "1.8x", "3x", "1.5x")
+    | _each(TARGET, "4x", "10x", "1.8x", "3x", "1.5x", "1.05x")
     | _each(SETTING, "23 GB", "50 us", "24 bytes", "1500 bytes", "64 KiB",
             "30%")
     | {"about three hours": UNSTORED, "3.2-3.6x": NATURAL,
