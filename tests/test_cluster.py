@@ -212,6 +212,9 @@ def test_ctrl_c_of_the_launcher_leaves_nothing(tmp_path):
     proc = netbench(*LONG_RUN, f"hydra.run.dir={tmp_path}", start_new_session=True)
     try:
         wait_for_training(tmp_path / "ddp.0", proc, 300)
+        # how the launcher holds signals (blocked, ignored, caught), for the message below
+        held = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                if line.startswith(("SigBlk", "SigIgn", "SigCgt"))]
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the launcher's group
         sent = time.monotonic()
         out, err = proc.communicate(timeout=120)
@@ -221,5 +224,6 @@ def test_ctrl_c_of_the_launcher_leaves_nothing(tmp_path):
     steps = (tmp_path / "ddp.0" / "metrics.jsonl").read_text().count('"type": "step"')
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, (
         f"exit {proc.returncode} {time.monotonic() - sent:.1f} s after SIGINT, {steps} steps "
-        f"logged; stderr: {err[-2000:]}; stdout: {out[-2000:]}")
+        f"logged; the launcher's signals when sent: {held}; stderr: {err[-2000:]}; "
+        f"stdout: {out[-2000:]}")
     assert left_behind(links, tmp_path, proc.pid) == NOTHING
